@@ -1,0 +1,214 @@
+"""The chain: a pure state machine (no I/O) that plans requests and walks their results.
+
+    requests = chain.plan()          # the proposal requests of the next round
+    chain.advance(completions)       # walk the realized path with the results (same order)
+
+Serial PowerMH is this machine with one request per round. Every random choice is keyed by
+(seed, step), so any traversal, batch or driver gives the serial chain's exact trajectory.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from presto_ray.config import SamplerConfig
+from presto_ray.engines.base import Completion, ProposalRequest
+from presto_ray.keys import extension_seed, step_keys
+from presto_ray.kernels import PowerMHKernel
+from presto_ray.plan_tree import RequestKey, build_plan_tree
+from presto_ray.predictor import EdgePredictor
+from presto_ray.schedule import Event, Schedule
+from presto_ray.selection import select_breadth_first, select_max_expected
+from presto_ray.state import ChainState
+
+
+@dataclass
+class ChainStats:
+    rounds: int = 0  # one batched model call each
+    transitions: int = 0  # MH steps completed
+    accepted: int = 0
+    extensions: int = 0  # extension events that needed a request
+    requests: int = 0  # distinct requests issued
+    requests_used: int = 0  # requests whose completion the walk consumed
+    generated_tokens: int = 0  # tokens generated across all issued requests
+    certain_edges: int = 0  # MH edges with A <= eps or A >= 1 - eps
+
+
+@dataclass
+class RoundReport:
+    events_completed: int
+    transitions: int
+    accepted: int
+
+
+@dataclass
+class EdgeRecord:
+    """One realized MH step, for diagnostics and the predictor."""
+
+    step: int
+    cut: int
+    horizon: int
+    log_ratio: float
+    accepted: bool
+
+
+class Chain:
+    def __init__(
+        self,
+        prompt_token_ids: Sequence[int],
+        config: SamplerConfig,
+        eos_token_id: int | None,
+        *,
+        kernel: PowerMHKernel | None = None,
+        record_edges: bool = False,
+    ) -> None:
+        self.prompt = tuple(int(t) for t in prompt_token_ids)
+        self.config = config
+        self.eos_token_id = None if config.fixed_length else eos_token_id
+        self.output_eos_token_id = eos_token_id
+        self.kernel = kernel or PowerMHKernel(config.alpha)
+        self.schedule = Schedule(config)
+        self.predictor = EdgePredictor(
+            eps=config.certainty_eps,
+            refit=config.refit_predictor and config.traversal == "predictive",
+            refit_every=config.refit_every,
+            prior_strength=config.predictor_prior_strength,
+        )
+        self.state = ChainState()
+        self.event_index = 0
+        self.done = False
+        self.stats = ChainStats()
+        self.edges: list[EdgeRecord] | None = [] if record_edges else None
+        self._planned: dict[RequestKey, int] | None = None
+        self._skip_free_events()
+
+    # --- planning ------------------------------------------------------------------------
+    def plan(self) -> list[ProposalRequest]:
+        if self.done:
+            raise RuntimeError("the chain is finished")
+        config = self.config
+        tree = build_plan_tree(
+            self.state.tokens,
+            self.event_index,
+            self.schedule,
+            fixed_length=config.fixed_length,
+            stop_at_eos=config.stop_at_eos,
+            eos_token_id=self.eos_token_id,
+            cut_uniform=lambda step: step_keys(config.seed, step).cut_uniform,
+            accept_branch_probability=(
+                self.predictor.accept_branch_probability if config.traversal == "predictive" else lambda _: 0.5
+            ),
+            max_keyed_depth=config.requests_per_round,
+        )
+        if config.traversal == "predictive":
+            keys = select_max_expected(tree, config.prefetch_budget, config.min_expected_gain)
+        else:
+            keys = select_breadth_first(tree, config.requests_per_round)
+        if tree.key is not None and tree.key not in keys:
+            keys.insert(0, tree.key)  # the root always goes: every round must make progress
+        self._planned = {key: i for i, key in enumerate(keys)}
+        return [self._request(key) for key in keys]
+
+    def _request(self, key: RequestKey) -> ProposalRequest:
+        event = self.schedule.event(key[0])
+        prefix = key[1]
+        if event.is_extension:
+            seed = extension_seed(self.config.seed, event.block)
+        else:
+            seed = step_keys(self.config.seed, event.step).proposal_seed
+        return ProposalRequest(
+            prompt_token_ids=self.prompt,
+            prefix_token_ids=prefix,
+            max_new_tokens=event.horizon - len(prefix),
+            temperature=self.config.tau,
+            seed=seed,
+            stop_at_eos=self.eos_token_id is not None,
+        )
+
+    # --- walking -------------------------------------------------------------------------
+    def advance(self, completions: Sequence[Completion]) -> RoundReport:
+        """Walk the realized path through this round's completions (in plan order)."""
+        if self._planned is None:
+            raise RuntimeError("advance() without a plan()")
+        if len(completions) != len(self._planned):
+            raise ValueError(f"expected {len(self._planned)} completions, got {len(completions)}")
+        planned, self._planned = self._planned, None
+        stats = self.stats
+        stats.rounds += 1
+        stats.requests += len(completions)
+        stats.generated_tokens += sum(len(c.token_ids) for c in completions)
+        used: set[int] = set()
+        report = RoundReport(0, 0, 0)
+        while not self.done:
+            event = self.schedule.event(self.event_index)
+            if event.is_extension:
+                index = planned.get((event.index, self.state.tokens))
+                if index is None:
+                    break
+                self.state = self.state.replace_suffix(len(self.state), completions[index])
+                stats.extensions += 1
+            else:
+                index = self._walk_step(event, planned, completions, report)
+                if index is None:
+                    break
+            used.add(index)
+            report.events_completed += 1
+            self._finish_event(event)
+            self._skip_free_events()
+        if report.events_completed == 0:
+            raise RuntimeError("a round completed no event: the root request was missing")
+        stats.requests_used += len(used)
+        return report
+
+    def _walk_step(self, event: Event, planned, completions, report: RoundReport) -> int | None:
+        keys = step_keys(self.config.seed, event.step)
+        state = self.state
+        cut = math.floor(keys.cut_uniform * len(state))
+        index = planned.get((event.index, state.tokens[:cut]))
+        if index is None:
+            return None
+        proposal = completions[index]
+        log_ratio = self.kernel.log_accept_ratio(state, cut, proposal)
+        accepted = math.log(keys.accept_uniform) < log_ratio
+        if accepted:
+            self.state = state.replace_suffix(cut, proposal)
+        accept_probability = math.exp(min(0.0, log_ratio))
+        eps = self.config.certainty_eps
+        self.stats.certain_edges += accept_probability <= eps or accept_probability >= 1.0 - eps
+        self.stats.transitions += 1
+        self.stats.accepted += accepted
+        report.transitions += 1
+        report.accepted += accepted
+        self.predictor.observe(cut / event.horizon, accept_probability)
+        if self.edges is not None:
+            self.edges.append(EdgeRecord(event.step, cut, event.horizon, log_ratio, accepted))
+        return index
+
+    def _finish_event(self, event: Event) -> None:
+        self.event_index += 1
+        if self.event_index >= self.schedule.num_events:
+            self.done = True
+        elif event.ends_block and self.config.stop_at_eos and self.state.ends_with(self.eos_token_id):
+            self.done = True
+
+    def _skip_free_events(self) -> None:
+        """Apply events that need no model call: an extension of a full or finished state."""
+        while not self.done:
+            event = self.schedule.event(self.event_index)
+            if not event.is_extension:
+                return
+            if len(self.state) < event.horizon and not self.state.ends_with(self.eos_token_id):
+                return
+            self._finish_event(event)
+
+    # --- result --------------------------------------------------------------------------
+    @property
+    def output_token_ids(self) -> tuple[int, ...]:
+        """Generated tokens, cut after the first EOS (fixed-length states may hold more)."""
+        tokens = self.state.tokens
+        eos = self.output_eos_token_id
+        if eos is not None and eos in tokens:
+            return tokens[: tokens.index(eos) + 1]
+        return tokens

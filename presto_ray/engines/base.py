@@ -1,0 +1,76 @@
+"""The engine protocol shared by the toy engine and vLLM."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal, Protocol, Sequence
+
+import numpy as np
+
+FinishReason = Literal["stop", "length"]
+
+
+@dataclass(frozen=True)
+class ProposalRequest:
+    """Sample up to `max_new_tokens` tokens from q_tau after prompt + prefix.
+
+    The completion must be a deterministic function of (seed, prompt, prefix, max_new_tokens,
+    temperature, stop_at_eos): that is what lets one request serve every tree node that needs it.
+    """
+
+    prompt_token_ids: tuple[int, ...]
+    prefix_token_ids: tuple[int, ...]
+    max_new_tokens: int
+    temperature: float
+    seed: int
+    stop_at_eos: bool = True
+
+    @property
+    def context_token_ids(self) -> tuple[int, ...]:
+        return self.prompt_token_ids + self.prefix_token_ids
+
+
+@dataclass(frozen=True)
+class Completion:
+    """Sampled tokens with their exact per-token log p0 and log q_tau (EOS included)."""
+
+    token_ids: tuple[int, ...]
+    logp0: np.ndarray
+    logq: np.ndarray
+    finish_reason: FinishReason
+
+    def __post_init__(self) -> None:
+        if not (len(self.token_ids) == len(self.logp0) == len(self.logq)):
+            raise ValueError("token_ids, logp0 and logq must have the same length")
+
+
+@dataclass
+class CallAccounting:
+    """What one batched call cost, as the engine measured it."""
+
+    num_requests: int = 0
+    prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0
+    generated_tokens: int = 0
+    wall_time_s: float = 0.0
+
+    def add(self, other: "CallAccounting") -> None:
+        self.num_requests += other.num_requests
+        self.prompt_tokens += other.prompt_tokens
+        self.cached_prompt_tokens += other.cached_prompt_tokens
+        self.generated_tokens += other.generated_tokens
+        self.wall_time_s += other.wall_time_s
+
+
+@dataclass
+class EngineOutput:
+    completions: list[Completion]
+    accounting: CallAccounting = field(default_factory=CallAccounting)
+
+
+class Engine(Protocol):
+    """Anything that turns a batch of proposal requests into completions in one call."""
+
+    eos_token_id: int | None
+
+    def generate(self, requests: Sequence[ProposalRequest]) -> EngineOutput: ...

@@ -1,0 +1,159 @@
+"""ToyEngine: an exact tiny language model in numpy.
+
+Its next-token logits depend on the whole context (a bigram table plus a row picked by a rolling
+hash of every token so far), so probabilities are exact and enumerable. Sampling is Gumbel-max
+with noise drawn from a generator seeded by the request's seed, one row per generated position:
+the completion is a deterministic function of (seed, context), and exact under q_tau.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from typing import Sequence
+
+import numpy as np
+
+from presto_ray.engines.base import CallAccounting, Completion, EngineOutput, ProposalRequest
+
+_HASH_MULT = 1_000_003
+_HASH_MOD = (1 << 61) - 1
+
+
+def _log_softmax(z: np.ndarray) -> np.ndarray:
+    m = z.max()
+    return z - (m + np.log(np.exp(z - m).sum()))
+
+
+class ToyEngine:
+    """A deterministic context-dependent language model.
+
+    Args:
+        vocab_size: number of tokens.
+        eos_token_id: the EOS token, or None for a model without EOS.
+        seed: seed of the model's tables (not of sampling).
+        logit_scale: multiplies every logit; large values (3-6) make distributions peaked like an
+            LLM's, so that most MH decisions land near 0 or 1.
+        eos_bias: added to the EOS logit before scaling (negative: longer answers).
+        context_rows: rows of the context table indexed by the rolling hash.
+        cache_block_size: granularity of the simulated prefix cache used for accounting.
+    """
+
+    def __init__(
+        self,
+        vocab_size: int = 32,
+        eos_token_id: int | None = 0,
+        seed: int = 0,
+        *,
+        logit_scale: float = 1.0,
+        eos_bias: float = 0.0,
+        context_rows: int = 4096,
+        cache_block_size: int = 16,
+        cache_capacity_blocks: int = 200_000,
+    ) -> None:
+        if vocab_size < 2:
+            raise ValueError("vocab_size must be at least 2")
+        if eos_token_id is not None and not 0 <= eos_token_id < vocab_size:
+            raise ValueError("eos_token_id must be None or a token id below vocab_size")
+        self.vocab_size = vocab_size
+        self.eos_token_id = eos_token_id
+        self.logit_scale = float(logit_scale)
+        rng = np.random.default_rng(seed)
+        self._bigram = rng.standard_normal((vocab_size + 1, vocab_size))  # last row: empty context
+        self._context = rng.standard_normal((context_rows, vocab_size))
+        if eos_token_id is not None:
+            self._bigram[:, eos_token_id] += eos_bias
+        self._cache_block = cache_block_size
+        self._cache_capacity = cache_capacity_blocks
+        self._cache: OrderedDict[int, None] = OrderedDict()
+
+    # --- exact probabilities -------------------------------------------------------------
+    @staticmethod
+    def _push(h: int, token: int) -> int:
+        return (h * _HASH_MULT + token + 1) % _HASH_MOD
+
+    def _logits(self, h: int, last: int | None) -> np.ndarray:
+        row = self.vocab_size if last is None else last
+        return self.logit_scale * (self._bigram[row] + self._context[h % len(self._context)])
+
+    def _context_hash(self, token_ids: Sequence[int]) -> int:
+        h = 0
+        for t in token_ids:
+            h = self._push(h, int(t))
+        return h
+
+    def logits(self, token_ids: Sequence[int]) -> np.ndarray:
+        last = int(token_ids[-1]) if len(token_ids) else None
+        return self._logits(self._context_hash(token_ids), last)
+
+    def next_token_logprobs(self, token_ids: Sequence[int]) -> np.ndarray:
+        """Exact log p0 over the vocabulary for the token after `token_ids` (prompt + generated)."""
+        return _log_softmax(self.logits(token_ids))
+
+    def next_token_entropy(self, token_ids: Sequence[int]) -> float:
+        lp = self.next_token_logprobs(token_ids)
+        return float(-(np.exp(lp) * lp).sum())
+
+    # --- sampling ------------------------------------------------------------------------
+    def _complete(self, request: ProposalRequest) -> Completion:
+        context = request.context_token_ids
+        h = self._context_hash(context)
+        last = context[-1] if context else None
+        noise_rng = np.random.default_rng(request.seed)
+        tokens: list[int] = []
+        logp0: list[float] = []
+        logq: list[float] = []
+        finish = "length"
+        inv_tau = 1.0 / request.temperature
+        for _ in range(request.max_new_tokens):
+            z = self._logits(h, last)
+            zq = z * inv_tau
+            token = int(np.argmax(zq + noise_rng.gumbel(size=self.vocab_size)))
+            tokens.append(token)
+            logp0.append(float(_log_softmax(z)[token]))
+            logq.append(float(_log_softmax(zq)[token]))
+            h, last = self._push(h, token), token
+            if request.stop_at_eos and token == self.eos_token_id:
+                finish = "stop"
+                break
+        return Completion(tuple(tokens), np.array(logp0), np.array(logq), finish)
+
+    def generate(self, requests: Sequence[ProposalRequest]) -> EngineOutput:
+        start = time.perf_counter()
+        accounting = CallAccounting(num_requests=len(requests))
+        completions = []
+        for request in requests:
+            context = request.context_token_ids
+            accounting.prompt_tokens += len(context)
+            accounting.cached_prompt_tokens += self._cached_prefix_tokens(context)
+            completion = self._complete(request)
+            accounting.generated_tokens += len(completion.token_ids)
+            self._remember(context + completion.token_ids)
+            completions.append(completion)
+        accounting.wall_time_s = time.perf_counter() - start
+        return EngineOutput(completions, accounting)
+
+    # --- a simulated prefix cache (accounting only; results never depend on it) ------------
+    def _block_hashes(self, token_ids: Sequence[int]) -> list[int]:
+        hashes, h = [], 0
+        for i, t in enumerate(token_ids, 1):
+            h = self._push(h, int(t))
+            if i % self._cache_block == 0:
+                hashes.append(h)
+        return hashes
+
+    def _cached_prefix_tokens(self, context: Sequence[int]) -> int:
+        cached = 0
+        for h in self._block_hashes(context):
+            if h not in self._cache:
+                break
+            self._cache.move_to_end(h)
+            cached += self._cache_block
+        return cached
+
+    def _remember(self, token_ids: Sequence[int]) -> None:
+        for h in self._block_hashes(token_ids):
+            self._cache[h] = None
+            self._cache.move_to_end(h)
+        while len(self._cache) > self._cache_capacity:
+            self._cache.popitem(last=False)

@@ -1,0 +1,122 @@
+"""Choosing which proposal requests to issue in a round.
+
+The input is a rooted planning DAG: each node is an event of the chain's future (the root is the
+next event of the realized state). A node either needs a request (`key`), is `free` (completes
+without one, e.g. a no-op extension), or is dead (its request cannot be formed yet: deferred).
+Children carry branch probabilities. Several nodes may need the same key: one request serves all.
+
+The walk completes a node when it is reached, all nodes above it on the realized path completed,
+and its key was issued (or it is free). The expected number of completed events of a key set S is
+therefore a forward propagation of probability mass, computed by `expected_completed`.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from itertools import combinations
+from typing import Hashable, Iterable
+
+# The exact search enumerates subsets of the distinct keys alive at one depth; the planner makes
+# one or two per depth, so this cap only guards against pathological inputs.
+MAX_KEYS_PER_DEPTH = 10
+
+
+@dataclass(eq=False)
+class PlanNode:
+    depth: int
+    key: Hashable | None = None
+    free: bool = False
+    value: float = 1.0  # completed events this node counts for (free nodes count 0)
+    children: list[tuple["PlanNode", float]] = field(default_factory=list)
+
+    @property
+    def dead(self) -> bool:
+        return self.key is None and not self.free
+
+
+def _propagate(alive: dict[PlanNode, float], chosen: set) -> tuple[float, dict[PlanNode, float]]:
+    """One depth of the walk: mass completed here and the mass reaching the next depth."""
+    gain = 0.0
+    reached: dict[PlanNode, float] = defaultdict(float)
+    for node, mass in alive.items():
+        if node.free:
+            pass
+        elif node.key is not None and node.key in chosen:
+            gain += mass * node.value
+        else:
+            continue
+        for child, p in node.children:
+            if p > 0.0:
+                reached[child] += mass * p
+    return gain, reached
+
+
+def expected_completed(root: PlanNode, keys: Iterable[Hashable]) -> float:
+    """Expected number of events the walk completes when exactly `keys` were generated."""
+    chosen = set(keys)
+    alive: dict[PlanNode, float] = {root: 1.0}
+    total = 0.0
+    while alive:
+        gain, alive = _propagate(alive, chosen)
+        total += gain
+    return total
+
+
+def select_breadth_first(root: PlanNode, budget: int) -> list[Hashable]:
+    """Keys in breadth-first order over the nodes reachable through issued keys."""
+    chosen: list[Hashable] = []
+    chosen_set: set = set()
+    frontier = [root]
+    while frontier:
+        following: dict[PlanNode, None] = {}
+        for node in frontier:
+            if node.dead:
+                continue
+            if not node.free and node.key not in chosen_set:
+                if len(chosen) == budget:
+                    continue
+                chosen.append(node.key)
+                chosen_set.add(node.key)
+            for child, _ in node.children:
+                following[child] = None
+        frontier = list(following)
+    return chosen
+
+
+def select_max_expected(root: PlanNode, budget: int, cost_per_request: float = 0.0) -> list[Hashable]:
+    """Keys maximising expected completed events minus `cost_per_request` per key, |keys| <= budget.
+
+    Exact: a depth-first search over, for each depth, which of the keys alive there to issue
+    (every completed node needs its whole path issued, so choices only ever extend the alive
+    frontier one depth at a time), pruned by the bound "each remaining key completes at most the
+    mass still alive". With one key per depth, as the planner produces, it is linear.
+    """
+    best_score = float("-inf")
+    best: list[Hashable] = []
+
+    def search(alive: dict[PlanNode, float], chosen: list, chosen_set: set, score: float, left: int) -> None:
+        nonlocal best_score, best
+        if score > best_score + 1e-12:
+            best_score, best = score, list(chosen)
+        if left == 0 or not alive:
+            return
+        max_value = max(node.value for node in alive)
+        if score + left * sum(alive.values()) * max_value <= best_score + 1e-12:
+            return
+        mass_by_key: dict[Hashable, float] = defaultdict(float)
+        for node, mass in alive.items():
+            if node.key is not None and node.key not in chosen_set:
+                mass_by_key[node.key] += mass * node.value
+        candidates = sorted(mass_by_key, key=mass_by_key.__getitem__, reverse=True)[:MAX_KEYS_PER_DEPTH]
+        passes_without_new_key = any(n.free or (n.key in chosen_set) for n in alive)
+        for size in range(min(len(candidates), left), -1, -1):
+            if size == 0 and not passes_without_new_key:
+                break
+            for subset in combinations(candidates, size):
+                extended = chosen_set.union(subset)
+                gain, reached = _propagate(alive, extended)
+                search(reached, chosen + list(subset), extended, score + gain - cost_per_request * size, left - size)
+
+    search({root: 1.0}, [], set(), 0.0, budget)
+    return best
