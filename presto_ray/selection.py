@@ -84,6 +84,18 @@ def select_breadth_first(root: PlanNode, budget: int) -> list[Hashable]:
     return chosen
 
 
+def _max_node_value(root: PlanNode) -> float:
+    seen, stack, best = set(), [root], 0.0
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        best = max(best, node.value)
+        stack.extend(child for child, _ in node.children)
+    return best
+
+
 def select_max_expected(root: PlanNode, budget: int, cost_per_request: float = 0.0) -> list[Hashable]:
     """Keys maximising expected completed events minus `cost_per_request` per key, |keys| <= budget.
 
@@ -94,6 +106,7 @@ def select_max_expected(root: PlanNode, budget: int, cost_per_request: float = 0
     """
     best_score = float("-inf")
     best: list[Hashable] = []
+    max_value = _max_node_value(root)
 
     def search(alive: dict[PlanNode, float], chosen: list, chosen_set: set, score: float, left: int) -> None:
         nonlocal best_score, best
@@ -101,7 +114,6 @@ def select_max_expected(root: PlanNode, budget: int, cost_per_request: float = 0
             best_score, best = score, list(chosen)
         if left == 0 or not alive:
             return
-        max_value = max(node.value for node in alive)
         if score + left * sum(alive.values()) * max_value <= best_score + 1e-12:
             return
         mass_by_key: dict[Hashable, float] = defaultdict(float)

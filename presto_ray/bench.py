@@ -1,0 +1,159 @@
+"""Toy benchmark: serial PowerMH against PreSTO prefetching, side by side on a ToyEngine."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Callable, Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+
+from presto_ray import __version__
+from presto_ray.config import SamplerConfig
+from presto_ray.driver import sample
+from presto_ray.engines.toy import ToyEngine
+from presto_ray.results import SampleResult
+
+# A peaked, LLM-like toy model: most MH decisions land near 0 or 1.
+TOY_ENGINE = {"vocab_size": 64, "eos_token_id": 0, "seed": 1, "logit_scale": 4.0, "eos_bias": -3.0}
+
+# (row key, table header, cell format); the order is the table's.
+COLUMNS: list[tuple[str, str, str]] = [
+    ("traversal", "traversal", "{}"),
+    ("budget", "budget", "{}"),
+    ("transitions_per_call", "trans/call", "{:.2f}"),
+    ("calls_per_sample", "calls/sample", "{:.1f}"),
+    ("requests_per_call", "req/call", "{:.2f}"),
+    ("useful_request_share", "useful req", "{:.1%}"),
+    ("generated_tokens_per_sample", "gen tok/sample", "{:.0f}"),
+    ("acceptance_rate", "accept", "{:.1%}"),
+    ("certain_edge_share", "certain edges", "{:.1%}"),
+    ("calls_vs_serial", "calls vs serial", "{:.3f}"),
+    ("same_as_serial", "same as serial", "{}"),
+]
+
+
+def chain_prompt(chain: int) -> list[int]:
+    return [5, 6, 7 + chain]
+
+
+def _run(traversal: str, budget: int, num_chains: int, base: SamplerConfig, seed: int) -> list[SampleResult]:
+    """Sample `num_chains` chains with one traversal and budget on a fresh toy engine."""
+    engine = ToyEngine(**TOY_ENGINE)
+    return [
+        sample(
+            engine,
+            chain_prompt(c),
+            base.model_copy(update={"prefetch_budget": budget, "traversal": traversal, "seed": seed + c}),
+        )
+        for c in range(num_chains)
+    ]
+
+
+def _row(traversal: str, budget: int, results: list[SampleResult], serial: list[SampleResult]) -> dict:
+    """Aggregate one (traversal, budget) run into a table row."""
+
+    def total(field: str, of: list[SampleResult] = results) -> int:
+        return sum(getattr(r.stats, field) for r in of)
+
+    calls, transitions, requests = total("model_calls"), total("transitions"), total("requests")
+    return {
+        "traversal": traversal,
+        "budget": budget,
+        "transitions_per_call": transitions / calls,
+        "calls_per_sample": calls / len(results),
+        "requests_per_call": requests / calls,
+        "useful_request_share": total("requests_used") / requests,
+        "generated_tokens_per_sample": total("generated_tokens") / len(results),
+        "acceptance_rate": total("accepted") / transitions if transitions else 0.0,
+        "certain_edge_share": total("certain_edges") / transitions if transitions else 0.0,
+        "calls_vs_serial": calls / total("model_calls", serial),
+        "same_as_serial": all(r.token_ids == s.token_ids for r, s in zip(results, serial, strict=True)),
+    }
+
+
+def run_toy_bench(
+    budgets: Sequence[int] = (8, 10, 12, 16, 20),
+    traversals: Sequence[str] = ("serial", "bfs", "predictive"),
+    num_chains: int = 8,
+    mh_steps: int = 100,
+    block_size: int = 64,
+    seed: int = 0,
+    out_json: str | os.PathLike | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> dict:
+    """Run every (traversal, budget) on the same chains; serial (budget-free) is one row, budget 1.
+
+    A reference serial run always comes first; the serial row is a second, independent run of it,
+    so its `same_as_serial` checks run-to-run determinism.
+    """
+    base = SamplerConfig(block_size=block_size, num_blocks=1, mh_steps=mh_steps)
+    runs = [(t, b) for t in traversals for b in ([1] if t == "serial" else budgets)]
+    serial = _run("serial", 1, num_chains, base, seed)
+    rows = []
+    for traversal, budget in runs:
+        row = _row(traversal, budget, _run(traversal, budget, num_chains, base, seed), serial)
+        rows.append(row)
+        if progress is not None:
+            progress(
+                f"{traversal} budget={budget}: {row['calls_per_sample']:.1f} calls/sample, "
+                f"same_as_serial={row['same_as_serial']}"
+            )
+    report = {
+        "timestamp": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "config": {
+            "presto_ray_version": __version__,
+            "engine": {"kind": "toy", **TOY_ENGINE},
+            "prompt": "[5, 6, 7 + chain]",
+            "num_chains": num_chains,
+            "seed": seed,
+            "chain_seeds": "seed + chain",
+            "budgets": list(budgets),
+            "traversals": list(traversals),
+            "sampler": base.model_dump(exclude={"prefetch_budget", "traversal", "seed"}),
+        },
+        "rows": rows,
+    }
+    if out_json is not None:
+        write_json_atomic(report, out_json)
+    return report
+
+
+def write_json_atomic(data: dict, path: str | os.PathLike) -> None:
+    """Write `data` as JSON via a temp file in the same directory and os.replace."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=2)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _cells(report: dict) -> tuple[list[str], list[list[str]]]:
+    headers = [header for _, header, _ in COLUMNS]
+    body = [[fmt.format(row[key]) for key, _, fmt in COLUMNS] for row in report["rows"]]
+    return headers, body
+
+
+def format_table(report: dict) -> str:
+    """An aligned plain-text table: first column left-aligned, the rest right-aligned."""
+    headers, body = _cells(report)
+    widths = [max(len(line[i]) for line in [headers, *body]) for i in range(len(headers))]
+
+    def line(cells: list[str]) -> str:
+        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
+
+    return "\n".join([line(headers), line(["-" * w for w in widths]), *map(line, body)])
+
+
+def format_markdown(report: dict) -> str:
+    """The same table in GitHub markdown."""
+    headers, body = _cells(report)
+    align = [":---"] + ["---:"] * (len(headers) - 1)
+    return "\n".join("| " + " | ".join(cells) + " |" for cells in [headers, align, *body])
