@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import json
 import os
-import tempfile
 from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
-from pathlib import Path
 
 from presto_ray import __version__
 from presto_ray.config import SamplerConfig
 from presto_ray.driver import sample
 from presto_ray.engines.toy import ToyEngine
+from presto_ray.output import write_json_atomic
 from presto_ray.results import SampleResult
 
 # A peaked, LLM-like toy model: most MH decisions land near 0 or 1.
@@ -38,20 +36,14 @@ def chain_prompt(chain: int) -> list[int]:
     return [5, 6, 7 + chain]
 
 
-def _run(traversal: str, budget: int, num_chains: int, base: SamplerConfig, seed: int) -> list[SampleResult]:
+def _run(traversal: str, budget: int, num_chains: int, base: SamplerConfig, seed: int, gain: float = 0.0) -> list[SampleResult]:
     """Sample `num_chains` chains with one traversal and budget on a fresh toy engine."""
     engine = ToyEngine(**TOY_ENGINE)
-    return [
-        sample(
-            engine,
-            chain_prompt(c),
-            base.model_copy(update={"prefetch_budget": budget, "traversal": traversal, "seed": seed + c}),
-        )
-        for c in range(num_chains)
-    ]
+    update = {"prefetch_budget": budget, "traversal": traversal, "min_expected_gain": gain}
+    return [sample(engine, chain_prompt(c), base.model_copy(update={**update, "seed": seed + c})) for c in range(num_chains)]
 
 
-def _row(traversal: str, budget: int, results: list[SampleResult], serial: list[SampleResult]) -> dict:
+def _row(traversal: str, budget: int, gain: float, results: list[SampleResult], serial: list[SampleResult]) -> dict:
     """Aggregate one (traversal, budget) run into a table row."""
 
     def total(field: str, of: list[SampleResult] = results) -> int:
@@ -59,8 +51,9 @@ def _row(traversal: str, budget: int, results: list[SampleResult], serial: list[
 
     calls, transitions, requests = total("model_calls"), total("transitions"), total("requests")
     return {
-        "traversal": traversal,
+        "traversal": traversal if not gain else f"{traversal} gain>={gain:g}",
         "budget": budget,
+        "min_expected_gain": gain,
         "transitions_per_call": transitions / calls,
         "calls_per_sample": calls / len(results),
         "requests_per_call": requests / calls,
@@ -82,6 +75,7 @@ def run_toy_bench(
     seed: int = 0,
     out_json: str | os.PathLike | None = None,
     progress: Callable[[str], None] | None = None,
+    predictive_gains: Sequence[float] = (0.0, 0.1),
 ) -> dict:
     """Run every (traversal, budget) on the same chains; serial (budget-free) is one row, budget 1.
 
@@ -89,15 +83,20 @@ def run_toy_bench(
     so its `same_as_serial` checks run-to-run determinism.
     """
     base = SamplerConfig(block_size=block_size, num_blocks=1, mh_steps=mh_steps)
-    runs = [(t, b) for t in traversals for b in ([1] if t == "serial" else budgets)]
+    runs = [
+        (t, b, g)
+        for t in traversals
+        for g in (predictive_gains if t == "predictive" else [0.0])
+        for b in ([1] if t == "serial" else budgets)
+    ]
     serial = _run("serial", 1, num_chains, base, seed)
     rows = []
-    for traversal, budget in runs:
-        row = _row(traversal, budget, _run(traversal, budget, num_chains, base, seed), serial)
+    for traversal, budget, gain in runs:
+        row = _row(traversal, budget, gain, _run(traversal, budget, num_chains, base, seed, gain), serial)
         rows.append(row)
         if progress is not None:
             progress(
-                f"{traversal} budget={budget}: {row['calls_per_sample']:.1f} calls/sample, "
+                f"{row['traversal']} budget={budget}: {row['calls_per_sample']:.1f} calls/sample, "
                 f"same_as_serial={row['same_as_serial']}"
             )
     report = {
@@ -111,28 +110,14 @@ def run_toy_bench(
             "chain_seeds": "seed + chain",
             "budgets": list(budgets),
             "traversals": list(traversals),
-            "sampler": base.model_dump(exclude={"prefetch_budget", "traversal", "seed"}),
+            "predictive_gains": list(predictive_gains),
+            "sampler": base.model_dump(exclude={"prefetch_budget", "traversal", "seed", "min_expected_gain"}),
         },
         "rows": rows,
     }
     if out_json is not None:
         write_json_atomic(report, out_json)
     return report
-
-
-def write_json_atomic(data: dict, path: str | os.PathLike) -> None:
-    """Write `data` as JSON via a temp file in the same directory and os.replace."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=2)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _cells(report: dict) -> tuple[list[str], list[list[str]]]:

@@ -1,0 +1,118 @@
+"""The `presto-ray` command line: `sample` (the main job) and `bench`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from pydantic import ValidationError
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples" / "prompts.jsonl"
+
+
+def _fail(message: str) -> int:
+    print(f"presto-ray: error: {message}", file=sys.stderr)
+    return 2
+
+
+def _validation_message(error: ValidationError, source: str) -> str:
+    parts = []
+    for e in error.errors():
+        field = ".".join(str(p) for p in e["loc"]) or "(root)"
+        parts.append(f"{field}: {e['msg']}")
+    return f"{source}: invalid configuration: " + "; ".join(parts)
+
+
+def cmd_sample(args: argparse.Namespace) -> int:
+    from presto_ray.job import JobConfig, run_job
+    from presto_ray.output import write_parquet_atomic
+    from presto_ray.progress import Progress
+    from presto_ray.prompts import PromptFileError, read_prompts
+
+    source = args.config or "default configuration"
+    try:
+        config = JobConfig.from_yaml(args.config) if args.config else JobConfig()
+        overrides = {}
+        if args.chains is not None:
+            overrides["chains_per_prompt"] = args.chains
+        if args.seed is not None:
+            overrides["sampler"] = {**config.sampler.model_dump(), "seed": args.seed}
+        if overrides:
+            source += " with command-line overrides"
+            config = JobConfig.model_validate({**config.model_dump(), **overrides})
+    except ValidationError as e:
+        return _fail(_validation_message(e, source))
+    except (OSError, ValueError) as e:
+        return _fail(f"{args.config}: {e}")
+    try:
+        items = read_prompts(args.prompts)
+    except PromptFileError as e:
+        return _fail(str(e))
+
+    progress = Progress(len(items) * config.chains_per_prompt, enabled=not args.quiet)
+    summary = run_job(items, config, on_sample=lambda row: progress.update(f"{row['prompt_id']}#{row['chain']}"))
+    write_parquet_atomic(summary.rows, args.out)
+    print(f"wrote {len(summary.rows)} samples to {args.out}")
+    for line in summary.lines():
+        print(line)
+    if args.show:
+        for row in summary.rows[: args.show]:
+            print(f"- {row['prompt_id']}#{row['chain']}: {row['text'][:100]!r}")
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from presto_ray.bench import format_table, run_toy_bench
+
+    try:
+        budgets = tuple(int(b) for b in args.budgets.split(","))
+    except ValueError:
+        return _fail(f"--budgets: expected comma-separated integers, got {args.budgets!r}")
+    if any(b < 1 for b in budgets):
+        return _fail("--budgets: every budget must be at least 1")
+    report = run_toy_bench(
+        budgets=budgets,
+        num_chains=args.chains,
+        mh_steps=args.mh_steps,
+        block_size=args.block_size,
+        out_json=args.out,
+        progress=lambda msg: print(msg, file=sys.stderr),
+    )
+    print(format_table(report))
+    print(f"wrote {args.out}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="presto-ray", description="Exact power sampling with PreSTO prefetching.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("sample", help="sample prompts and write Parquet (the main job)")
+    s.add_argument("--prompts", default=str(EXAMPLES), help="JSONL or Parquet with id and prompt/messages")
+    s.add_argument("--out", default="out/samples.parquet", help="Parquet output path")
+    s.add_argument("--config", default=None, help="YAML job config (engine, sampler, chains_per_prompt)")
+    s.add_argument("--chains", type=int, default=None, help="chains per prompt (overrides the config)")
+    s.add_argument("--seed", type=int, default=None, help="job seed (overrides the config)")
+    s.add_argument("--show", type=int, default=4, help="print this many sampled texts")
+    s.add_argument("--quiet", action="store_true", help="no progress bar")
+    s.set_defaults(func=cmd_sample)
+
+    b = sub.add_parser("bench", help="serial vs bfs vs predictive on the toy engine")
+    b.add_argument("--budgets", default="8,10,12,16,20")
+    b.add_argument("--chains", type=int, default=8)
+    b.add_argument("--mh-steps", type=int, default=100)
+    b.add_argument("--block-size", type=int, default=64)
+    b.add_argument("--out", default="bench/results/toy.json")
+    b.set_defaults(func=cmd_bench)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
