@@ -52,14 +52,13 @@ class CallAccounting:
     prompt_tokens: int = 0
     cached_prompt_tokens: int = 0
     generated_tokens: int = 0
+    scoring_tokens: int = 0  # tokens prefilled again to score log p0 (engines that need it)
+    scoring_time_s: float = 0.0
     wall_time_s: float = 0.0
 
     def add(self, other: "CallAccounting") -> None:
-        self.num_requests += other.num_requests
-        self.prompt_tokens += other.prompt_tokens
-        self.cached_prompt_tokens += other.cached_prompt_tokens
-        self.generated_tokens += other.generated_tokens
-        self.wall_time_s += other.wall_time_s
+        for name in self.__dataclass_fields__:
+            setattr(self, name, getattr(self, name) + getattr(other, name))
 
 
 @dataclass

@@ -1,0 +1,240 @@
+"""VLLMEngine: the engine protocol over vLLM's AsyncLLM, with exact log p0 and log q_tau.
+
+Log-probabilities. vLLM returns one kind of log-probability per engine (`logprobs_mode` is
+engine-wide). The engine runs in `processed_logprobs` mode, so a proposal's sampled tokens come
+back with log q_tau, the law they were drawn from (temperature only: top-k, top-p and min-p are
+off). Log p0 then comes from a scoring pass: the same engine prefills prompt + prefix + completion
+at temperature 1 with `prompt_logprobs=0`, which returns log p0 of every completion token. vLLM
+skips the prefix cache for such requests (cached rows carry no log-probabilities), so scoring
+costs a full prefill; `CallAccounting.scoring_tokens` and `scoring_time_s` report it. Both
+numbers are exact for the model as vLLM computes it; they differ from another implementation
+(transformers) only by floating-point round-off, which the conformance suite bounds.
+
+Seeds. Every request carries its own seed (the chain's step key), so a proposal is a function of
+(seed, prompt + prefix) and never depends on which other requests share the batch.
+
+vLLM starts worker processes with `spawn`: create the engine from a `__main__` guard, a test, or
+an actor, never at import time of a script's main module.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import threading
+import time
+from concurrent.futures import Future
+from typing import Literal, Sequence
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from presto_ray.engines.base import CallAccounting, Completion, EngineOutput, ProposalRequest
+
+
+class VLLMEngineConfig(BaseModel):
+    """vLLM settings. Defaults are the CPU settings measured to matter (see ENGINE_NOTES.md)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    kind: Literal["vllm"] = "vllm"
+    model: str | None = Field(None, description="Local HF model folder; None: the packaged SmolLM2-135M-Instruct.")
+    dtype: Literal["float32", "bfloat16", "float16", "auto"] = Field("float32", description="Weights and activations.")
+    enforce_eager: bool = Field(True, description="Skip torch.compile: ~20 s start-up instead of ~120 s on CPU.")
+    block_size: int = Field(32, ge=1, description="KV block size: the prefix cache reuses full blocks only.")
+    gpu_memory_utilization: float = Field(0.3, gt=0.0, le=1.0, description="Share of (NUMA-node) memory for vLLM.")
+    max_model_len: int = Field(2048, ge=16, description="Longest prompt + generation.")
+    max_num_seqs: int = Field(64, ge=1, description="Most sequences vLLM decodes at once.")
+    tensor_parallel_size: int = Field(1, ge=1)
+    seed: int = Field(0, description="Engine seed (requests carry their own seeds).")
+    cpu_threads_bind: str | None = Field(
+        "all", description="VLLM_CPU_OMP_THREADS_BIND on CPUs: 'all' binds every core to the worker; None leaves vLLM's default."
+    )
+    chat_template_for_prompts: bool = Field(
+        True, description="Wrap plain-text prompts as one user message when the model has a chat template."
+    )
+
+
+def _set_cpu_environment(config: VLLMEngineConfig) -> None:
+    if config.cpu_threads_bind is not None:
+        bind = f"0-{(os.cpu_count() or 1) - 1}" if config.cpu_threads_bind == "all" else config.cpu_threads_bind
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", bind)
+        os.environ.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+
+
+class HFTokenizer:
+    """Text and chat messages to token ids with the model's own tokenizer and chat template."""
+
+    def __init__(self, tokenizer, use_chat_template: bool) -> None:
+        self._tokenizer = tokenizer
+        self.eos_token_id = tokenizer.eos_token_id
+        self.has_chat_template = bool(getattr(tokenizer, "chat_template", None))
+        self.use_chat_template = use_chat_template and self.has_chat_template
+
+    def encode(self, text: str) -> list[int]:
+        if self.use_chat_template:
+            return self.apply_chat_template([{"role": "user", "content": text}])
+        return list(self._tokenizer.encode(text, add_special_tokens=True))
+
+    def apply_chat_template(self, messages) -> list[int]:
+        if not self.has_chat_template:
+            return list(self._tokenizer.encode("".join(f"{m['role']}: {m['content']}\n" for m in messages)))
+        text = self._tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=False)
+        return list(self._tokenizer.encode(text, add_special_tokens=False))
+
+    def decode(self, token_ids) -> str:
+        return self._tokenizer.decode(list(token_ids), skip_special_tokens=True)
+
+
+class VLLMEngine:
+    """One vLLM AsyncLLM on a private event-loop thread; `generate` is the engine protocol."""
+
+    def __init__(self, config: VLLMEngineConfig | None = None) -> None:
+        from presto_ray.models import check_model_dir, prepare_smollm2, set_offline_environment
+
+        self.config = config = config or VLLMEngineConfig()
+        set_offline_environment()
+        _set_cpu_environment(config)
+        self.model_dir = str(check_model_dir(config.model) if config.model else prepare_smollm2())
+        self._ids = itertools.count()
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="vllm-engine-loop", daemon=True)
+        self._thread.start()
+        start = time.perf_counter()
+        self._llm = self._run(self._start())
+        self.startup_time_s = time.perf_counter() - start
+        self.tokenizer = HFTokenizer(self._llm.get_tokenizer(), config.chat_template_for_prompts)
+        self.eos_token_id: int | None = self.tokenizer.eos_token_id
+        self.max_model_len = config.max_model_len
+
+    async def _start(self):
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        c = self.config
+        args = AsyncEngineArgs(
+            model=self.model_dir,
+            dtype=c.dtype,
+            enforce_eager=c.enforce_eager,
+            block_size=c.block_size,
+            gpu_memory_utilization=c.gpu_memory_utilization,
+            max_model_len=c.max_model_len,
+            max_num_seqs=c.max_num_seqs,
+            tensor_parallel_size=c.tensor_parallel_size,
+            seed=c.seed,
+            enable_prefix_caching=True,
+            logprobs_mode="processed_logprobs",
+            generation_config="vllm",  # no sampling defaults from the model's files
+            disable_log_stats=False,
+        )
+        return AsyncLLM.from_engine_args(args)
+
+    def _run(self, coro):
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+    # --- the engine protocol --------------------------------------------------------------
+    def generate(self, requests: Sequence[ProposalRequest]) -> EngineOutput:
+        return self._run(self._generate(list(requests)))
+
+    async def agenerate(self, requests: Sequence[ProposalRequest]) -> EngineOutput:
+        """The same, awaitable from any event loop (for Ray actors)."""
+        future: Future = asyncio.run_coroutine_threadsafe(self._generate(list(requests)), self._loop)
+        return await asyncio.wrap_future(future)
+
+    def _validate(self, request: ProposalRequest) -> None:
+        context = len(request.context_token_ids)
+        if context == 0:
+            raise ValueError("a request needs at least one prompt or prefix token")
+        if context + request.max_new_tokens > self.max_model_len:
+            raise ValueError(
+                f"prompt + prefix ({context}) + max_new_tokens ({request.max_new_tokens}) exceeds "
+                f"max_model_len ({self.max_model_len})"
+            )
+
+    async def _final(self, token_ids: list[int], params) -> object:
+        from vllm.inputs import TokensPrompt
+
+        final = None
+        async for output in self._llm.generate(
+            TokensPrompt(prompt_token_ids=token_ids), params, request_id=f"presto-{next(self._ids)}"
+        ):
+            final = output
+        return final
+
+    async def _generate(self, requests: list[ProposalRequest]) -> EngineOutput:
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        start = time.perf_counter()
+        for request in requests:
+            self._validate(request)
+        live = [i for i, r in enumerate(requests) if r.max_new_tokens > 0]
+        sampled = await asyncio.gather(
+            *[
+                self._final(
+                    list(requests[i].context_token_ids),
+                    SamplingParams(
+                        n=1,
+                        temperature=requests[i].temperature,
+                        top_p=1.0,
+                        top_k=0,
+                        min_p=0.0,
+                        seed=requests[i].seed,
+                        max_tokens=requests[i].max_new_tokens,
+                        ignore_eos=not requests[i].stop_at_eos,
+                        logprobs=0,
+                        detokenize=False,
+                        output_kind=RequestOutputKind.FINAL_ONLY,
+                    ),
+                )
+                for i in live
+            ]
+        )
+        scoring_start = time.perf_counter()
+        scored = await asyncio.gather(
+            *[
+                self._final(
+                    list(requests[i].context_token_ids) + list(out.outputs[0].token_ids),
+                    SamplingParams(
+                        temperature=1.0, max_tokens=1, prompt_logprobs=0, detokenize=False,
+                        output_kind=RequestOutputKind.FINAL_ONLY,
+                    ),
+                )
+                for i, out in zip(live, sampled)
+            ]
+        )
+        accounting = CallAccounting(num_requests=len(requests), scoring_time_s=time.perf_counter() - scoring_start)
+        completions = [Completion((), np.zeros(0), np.zeros(0), "length") for _ in requests]
+        for i, out, score in zip(live, sampled, scored):
+            completions[i] = self._completion(requests[i], out, score)
+            accounting.prompt_tokens += len(requests[i].context_token_ids)
+            accounting.cached_prompt_tokens += int(out.num_cached_tokens or 0)
+            accounting.generated_tokens += len(completions[i].token_ids)
+            accounting.scoring_tokens += len(score.prompt_token_ids)
+        accounting.wall_time_s = time.perf_counter() - start
+        return EngineOutput(completions, accounting)
+
+    def _completion(self, request: ProposalRequest, out, score) -> Completion:
+        sample = out.outputs[0]
+        tokens = tuple(int(t) for t in sample.token_ids)
+        logq = np.array([entry[t].logprob for entry, t in zip(sample.logprobs, tokens)], dtype=np.float64)
+        offset = len(request.context_token_ids)
+        rows = score.prompt_logprobs[offset : offset + len(tokens)]
+        logp0 = np.array([row[t].logprob for row, t in zip(rows, tokens)], dtype=np.float64)
+        ended = bool(tokens) and request.stop_at_eos and tokens[-1] == self.eos_token_id
+        return Completion(tokens, logp0, logq, "stop" if ended else "length")
+
+    # --- lifecycle -------------------------------------------------------------------------
+    def shutdown(self) -> None:
+        if getattr(self, "_llm", None) is not None:
+            self._llm.shutdown()
+            self._llm = None
+        if self._loop.is_running():
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=10)
+
+    def __enter__(self) -> "VLLMEngine":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()
