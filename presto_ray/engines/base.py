@@ -38,6 +38,7 @@ class Completion:
     logp0: np.ndarray
     logq: np.ndarray
     finish_reason: FinishReason
+    cached_prompt_tokens: int = 0  # prompt tokens this request read from the prefix cache
 
     def __post_init__(self) -> None:
         if not (len(self.token_ids) == len(self.logp0) == len(self.logq)):
@@ -48,6 +49,7 @@ class Completion:
 class CallAccounting:
     """What one batched call cost, as the engine measured it."""
 
+    calls: int = 0
     num_requests: int = 0
     prompt_tokens: int = 0
     cached_prompt_tokens: int = 0

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections import OrderedDict
+from dataclasses import replace
 from typing import Sequence
 
 import numpy as np
@@ -66,6 +67,7 @@ class ToyEngine:
         self._cache_block = cache_block_size
         self._cache_capacity = cache_capacity_blocks
         self._cache: OrderedDict[int, None] = OrderedDict()
+        self.tokenizer = ToyTokenizer(vocab_size, eos_token_id)
 
     # --- exact probabilities -------------------------------------------------------------
     @staticmethod
@@ -120,13 +122,14 @@ class ToyEngine:
 
     def generate(self, requests: Sequence[ProposalRequest]) -> EngineOutput:
         start = time.perf_counter()
-        accounting = CallAccounting(num_requests=len(requests))
+        accounting = CallAccounting(calls=1, num_requests=len(requests))
         completions = []
         for request in requests:
             context = request.context_token_ids
+            cached = self._cached_prefix_tokens(context)
+            completion = replace(self._complete(request), cached_prompt_tokens=cached)
             accounting.prompt_tokens += len(context)
-            accounting.cached_prompt_tokens += self._cached_prefix_tokens(context)
-            completion = self._complete(request)
+            accounting.cached_prompt_tokens += cached
             accounting.generated_tokens += len(completion.token_ids)
             self._remember(context + completion.token_ids)
             completions.append(completion)

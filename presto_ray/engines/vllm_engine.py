@@ -203,7 +203,7 @@ class VLLMEngine:
                 for i, out in zip(live, sampled)
             ]
         )
-        accounting = CallAccounting(num_requests=len(requests), scoring_time_s=time.perf_counter() - scoring_start)
+        accounting = CallAccounting(calls=1, num_requests=len(requests), scoring_time_s=time.perf_counter() - scoring_start)
         completions = [Completion((), np.zeros(0), np.zeros(0), "length") for _ in requests]
         for i, out, score in zip(live, sampled, scored):
             completions[i] = self._completion(requests[i], out, score)
@@ -222,7 +222,7 @@ class VLLMEngine:
         rows = score.prompt_logprobs[offset : offset + len(tokens)]
         logp0 = np.array([row[t].logprob for row, t in zip(rows, tokens)], dtype=np.float64)
         ended = bool(tokens) and request.stop_at_eos and tokens[-1] == self.eos_token_id
-        return Completion(tokens, logp0, logq, "stop" if ended else "length")
+        return Completion(tokens, logp0, logq, "stop" if ended else "length", int(out.num_cached_tokens or 0))
 
     # --- lifecycle -------------------------------------------------------------------------
     def shutdown(self) -> None:
