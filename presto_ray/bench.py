@@ -120,15 +120,15 @@ def run_toy_bench(
     return report
 
 
-def _cells(report: dict) -> tuple[list[str], list[list[str]]]:
-    headers = [header for _, header, _ in COLUMNS]
-    body = [[fmt.format(row[key]) for key, _, fmt in COLUMNS] for row in report["rows"]]
+def _cells(report: dict, columns) -> tuple[list[str], list[list[str]]]:
+    headers = [header for _, header, _ in columns]
+    body = [[fmt.format(row[key]) for key, _, fmt in columns] for row in report["rows"]]
     return headers, body
 
 
-def format_table(report: dict) -> str:
+def format_table(report: dict, columns=COLUMNS) -> str:
     """An aligned plain-text table: first column left-aligned, the rest right-aligned."""
-    headers, body = _cells(report)
+    headers, body = _cells(report, columns)
     widths = [max(len(line[i]) for line in [headers, *body]) for i in range(len(headers))]
 
     def line(cells: list[str]) -> str:
@@ -137,8 +137,8 @@ def format_table(report: dict) -> str:
     return "\n".join([line(headers), line(["-" * w for w in widths]), *map(line, body)])
 
 
-def format_markdown(report: dict) -> str:
+def format_markdown(report: dict, columns=COLUMNS) -> str:
     """The same table in GitHub markdown."""
-    headers, body = _cells(report)
+    headers, body = _cells(report, columns)
     align = [":---"] + ["---:"] * (len(headers) - 1)
     return "\n".join("| " + " | ".join(cells) + " |" for cells in [headers, align, *body])

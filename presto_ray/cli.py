@@ -107,6 +107,23 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench_real(args: argparse.Namespace) -> int:
+    from presto_ray.bench_real import format_real_table, run_real_bench
+
+    report = run_real_bench(
+        args.prompts,
+        budgets=tuple(int(b) for b in args.budgets.split(",")),
+        mh_steps=args.mh_steps,
+        block_size=args.block_size,
+        out_json=args.out,
+        out_png=args.png,
+        progress=lambda msg: print(msg, file=sys.stderr, flush=True),
+    )
+    print(format_real_table(report))
+    print(f"wrote {args.out} and {args.png}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="presto-ray", description="Exact power sampling with PreSTO prefetching.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -133,6 +150,15 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--block-size", type=int, default=64)
     b.add_argument("--out", default="bench/results/toy.json")
     b.set_defaults(func=cmd_bench)
+
+    r = sub.add_parser("bench-real", help="serial vs bfs vs predictive on vLLM with the real model")
+    r.add_argument("--prompts", default=str(EXAMPLES))
+    r.add_argument("--budgets", default="4,8,16")
+    r.add_argument("--mh-steps", type=int, default=20)
+    r.add_argument("--block-size", type=int, default=48)
+    r.add_argument("--out", default="bench/results/vllm_cpu.json")
+    r.add_argument("--png", default="bench/results/vllm_cpu.png")
+    r.set_defaults(func=cmd_bench_real)
     return parser
 
 

@@ -83,3 +83,30 @@ def test_parquet_prompts_and_chat_messages(tmp_path):
     proc = run_cli("sample", "--prompts", str(prompts), "--out", str(tmp_path / "o.parquet"), "--chains", "1", "--quiet")
     assert proc.returncode == 0, proc.stderr
     assert pq.read_table(tmp_path / "o.parquet").num_rows == 1
+
+
+@pytest.mark.vllm
+def test_main_job_on_the_real_model(tmp_path, vllm_engine):
+    """The default main job: vLLM on the CPU with the packaged SmolLM2 (a separate process)."""
+    cfg = tmp_path / "local.yaml"
+    text = (ROOT / "configs/local.yaml").read_text()
+    text = text.replace("block_size: 48", "block_size: 16").replace("mh_steps: 10", "mh_steps: 3")
+    cfg.write_text(text.replace("chains_per_prompt: 2", "chains_per_prompt: 1"))
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"id": "fr", "prompt": "What is the capital of France?"}\n'
+                       '{"id": "chat", "messages": [{"role": "user", "content": "Say hello."}]}\n')
+    out = tmp_path / "s.parquet"
+    proc = run_cli("sample", "--prompts", str(prompts), "--out", str(out), "--config", str(cfg))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = {r["prompt_id"]: r for r in pq.read_table(out).to_pylist()}
+    assert set(rows) == {"fr", "chat"}
+    assert all(r["text"].strip() and r["transitions"] == 3 for r in rows.values())
+    # The same sample as the in-process sampler with this session's engine, same seed.
+    config = JobConfig.from_yaml(cfg)
+    prompt_ids = vllm_engine.tokenizer.encode("What is the capital of France?")
+    expected = sample(vllm_engine, prompt_ids, config.sampler.model_copy(update={"seed": rows["fr"]["seed"]}))
+    assert tuple(rows["fr"]["token_ids"]) == expected.token_ids
+
+
+def test_default_job_config_is_configs_local_yaml():
+    assert JobConfig() == JobConfig.from_yaml(ROOT / "configs/local.yaml")

@@ -95,6 +95,7 @@ class VLLMEngine:
         self.config = config = config or VLLMEngineConfig()
         set_offline_environment()
         _set_cpu_environment(config)
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # vLLM's INFO lines drown the progress bar
         self.model_dir = str(check_model_dir(config.model) if config.model else prepare_smollm2())
         self._ids = itertools.count()
         self._loop = asyncio.new_event_loop()
