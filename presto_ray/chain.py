@@ -15,8 +15,8 @@ from typing import Sequence
 
 from presto_ray.config import SamplerConfig
 from presto_ray.engines.base import Completion, ProposalRequest
-from presto_ray.keys import extension_seed, step_keys
-from presto_ray.kernels import PowerMHKernel
+from presto_ray.keys import extension_seed, step_keys, try_seed
+from presto_ray.kernels import EntropyCut, PowerMHKernel, build_kernel
 from presto_ray.plan_tree import RequestKey, build_plan_tree
 from presto_ray.predictor import EdgePredictor
 from presto_ray.schedule import Event, Schedule
@@ -54,6 +54,16 @@ class EdgeRecord:
     accepted: bool
 
 
+class _Length:
+    """Stands in for a state of a given length where a cut law needs only len()."""
+
+    def __init__(self, length: int) -> None:
+        self._length = length
+
+    def __len__(self) -> int:
+        return self._length
+
+
 class Chain:
     def __init__(
         self,
@@ -68,7 +78,7 @@ class Chain:
         self.config = config
         self.eos_token_id = None if config.fixed_length else eos_token_id
         self.output_eos_token_id = eos_token_id
-        self.kernel = kernel or PowerMHKernel(config.alpha)
+        self.kernel = kernel or build_kernel(config)
         self.schedule = Schedule(config)
         self.predictor = EdgePredictor(
             eps=config.certainty_eps,
@@ -81,7 +91,8 @@ class Chain:
         self.done = False
         self.stats = ChainStats()
         self.edges: list[EdgeRecord] | None = [] if record_edges else None
-        self._planned: dict[RequestKey, int] | None = None
+        # (event index, prefix, try index) -> position of that request in the round's plan
+        self._planned: dict[tuple, int] | None = None
         self._skip_free_events()
 
     # --- planning ------------------------------------------------------------------------
@@ -89,6 +100,7 @@ class Chain:
         if self.done:
             raise RuntimeError("the chain is finished")
         config = self.config
+        predictive = config.traversal == "predictive"
         tree = build_plan_tree(
             self.state.tokens,
             self.event_index,
@@ -96,36 +108,60 @@ class Chain:
             fixed_length=config.fixed_length,
             stop_at_eos=config.stop_at_eos,
             eos_token_id=self.eos_token_id,
-            cut_uniform=lambda step: step_keys(config.seed, step).cut_uniform,
-            accept_branch_probability=(
-                self.predictor.accept_branch_probability if config.traversal == "predictive" else lambda _: 0.5
-            ),
-            max_keyed_depth=config.requests_per_round,
+            cut_for=self._planned_cut,
+            accept_branch_probability=self.predictor.accept_branch_probability if predictive else lambda _: 0.5,
+            max_keyed_depth=1 if config.traversal == "serial" else config.prefetch_budget,
+            requests_per_step=self.kernel.num_tries,
         )
-        if config.traversal == "predictive":
+        if config.traversal == "serial":
+            keys = []
+        elif predictive:
             keys = select_max_expected(tree, config.prefetch_budget, config.min_expected_gain)
         else:
-            keys = select_breadth_first(tree, config.requests_per_round)
+            keys = select_breadth_first(tree, config.prefetch_budget)
         if tree.key is not None and tree.key not in keys:
             keys.insert(0, tree.key)  # the root always goes: every round must make progress
-        self._planned = {key: i for i, key in enumerate(keys)}
-        return [self._request(key) for key in keys]
+        requests: list[ProposalRequest] = []
+        self._planned = {}
+        for key in keys:
+            for i, request in enumerate(self._requests(key)):
+                self._planned[(*key, i)] = len(requests)
+                requests.append(request)
+        return requests
 
-    def _request(self, key: RequestKey) -> ProposalRequest:
+    def _planned_cut(self, step: int, length: int) -> int | None:
+        """The cut of `step` for a planned state of `length` tokens sharing the root's known part.
+
+        Uniform cuts need only the length. EntropyCut needs the state's entropies: for states
+        below an accepted proposal the planner assumes the root's (a guess the walk verifies).
+        """
+        u = step_keys(self.config.seed, step).cut_uniform
+        cut_law = self.kernel.cut_law
+        if isinstance(cut_law, EntropyCut):
+            if length > len(self.state):
+                return None
+            return cut_law.draw_from_entropy(u, self.state.entropy[:length])
+        return cut_law.draw(u, _Length(length))
+
+    def _requests(self, key: RequestKey) -> list[ProposalRequest]:
         event = self.schedule.event(key[0])
         prefix = key[1]
         if event.is_extension:
-            seed = extension_seed(self.config.seed, event.block)
+            seeds = [extension_seed(self.config.seed, event.block)]
         else:
-            seed = step_keys(self.config.seed, event.step).proposal_seed
-        return ProposalRequest(
-            prompt_token_ids=self.prompt,
-            prefix_token_ids=prefix,
-            max_new_tokens=event.horizon - len(prefix),
-            temperature=self.config.tau,
-            seed=seed,
-            stop_at_eos=self.eos_token_id is not None,
-        )
+            seeds = [try_seed(self.config.seed, event.step, i) for i in range(self.kernel.num_tries)]
+        return [
+            ProposalRequest(
+                prompt_token_ids=self.prompt,
+                prefix_token_ids=prefix,
+                max_new_tokens=event.horizon - len(prefix),
+                temperature=self.config.tau,
+                seed=seed,
+                stop_at_eos=self.eos_token_id is not None,
+                want_entropy=self.kernel.needs_entropy,
+            )
+            for seed in seeds
+        ]
 
     # --- walking -------------------------------------------------------------------------
     def advance(self, completions: Sequence[Completion]) -> RoundReport:
@@ -144,16 +180,17 @@ class Chain:
         while not self.done:
             event = self.schedule.event(self.event_index)
             if event.is_extension:
-                index = planned.get((event.index, self.state.tokens))
+                index = planned.get((event.index, self.state.tokens, 0))
                 if index is None:
                     break
                 self.state = self.state.replace_suffix(len(self.state), completions[index])
                 stats.extensions += 1
+                used.add(index)
             else:
-                index = self._walk_step(event, planned, completions, report)
-                if index is None:
+                indices = self._walk_step(event, planned, completions, report)
+                if indices is None:
                     break
-            used.add(index)
+                used.update(indices)
             report.events_completed += 1
             self._finish_event(event)
             self._skip_free_events()
@@ -162,29 +199,27 @@ class Chain:
         stats.requests_used += len(used)
         return report
 
-    def _walk_step(self, event: Event, planned, completions, report: RoundReport) -> int | None:
+    def _walk_step(self, event: Event, planned, completions, report: RoundReport) -> list[int] | None:
         keys = step_keys(self.config.seed, event.step)
         state = self.state
-        cut = math.floor(keys.cut_uniform * len(state))
-        index = planned.get((event.index, state.tokens[:cut]))
-        if index is None:
+        cut = self.kernel.cut_law.draw(keys.cut_uniform, state)
+        prefix = state.tokens[:cut]
+        indices = [planned.get((event.index, prefix, i)) for i in range(self.kernel.num_tries)]
+        if None in indices:
             return None
-        proposal = completions[index]
-        log_ratio = self.kernel.log_accept_ratio(state, cut, proposal)
-        accepted = math.log(keys.accept_uniform) < log_ratio
-        if accepted:
-            self.state = state.replace_suffix(cut, proposal)
-        accept_probability = math.exp(min(0.0, log_ratio))
+        transition = self.kernel.transition(state, cut, [completions[i] for i in indices], keys)
+        self.state = transition.state
+        accept_probability = math.exp(min(0.0, transition.log_ratio))
         eps = self.config.certainty_eps
         self.stats.certain_edges += accept_probability <= eps or accept_probability >= 1.0 - eps
         self.stats.transitions += 1
-        self.stats.accepted += accepted
+        self.stats.accepted += transition.accepted
         report.transitions += 1
-        report.accepted += accepted
+        report.accepted += transition.accepted
         self.predictor.observe(cut / event.horizon, accept_probability)
         if self.edges is not None:
-            self.edges.append(EdgeRecord(event.step, cut, event.horizon, log_ratio, accepted))
-        return index
+            self.edges.append(EdgeRecord(event.step, cut, event.horizon, transition.log_ratio, transition.accepted))
+        return indices
 
     def _finish_event(self, event: Event) -> None:
         self.event_index += 1

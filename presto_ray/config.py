@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 Traversal = Literal["serial", "bfs", "predictive"]
+SamplerKind = Literal["power_mh", "entropy_cut", "multi_try"]
 
 MAX_PREFETCH_BUDGET = 4096
 
@@ -31,6 +32,11 @@ class SamplerConfig(BaseModel):
     traversal: Traversal = Field(
         "predictive", description="'serial' (one request a round), 'bfs' or 'predictive' prefetching."
     )
+    sampler: SamplerKind = Field(
+        "power_mh", description="'power_mh' (uniform cut), 'entropy_cut' or 'multi_try' (MultiTryMH)."
+    )
+    num_tries: int = Field(4, ge=2, le=64, description="MultiTryMH: tries per step, all from one cut.")
+    entropy_beta: float = Field(4.0, gt=0.0, le=16.0, description="EntropyCut: exponent beta of the entropy jumps.")
     seed: int = Field(0, ge=0, lt=2**63, description="Chain seed: keys every random choice by (seed, step).")
     fixed_length: bool = Field(
         False,
@@ -60,6 +66,11 @@ class SamplerConfig(BaseModel):
     def _check_horizon(self) -> "SamplerConfig":
         if self.block_size * self.num_blocks > 10_000_000:
             raise ValueError("block_size * num_blocks must be at most 10,000,000 tokens")
+        if self.sampler == "multi_try" and self.traversal != "serial" and self.prefetch_budget < self.num_tries:
+            raise ValueError(
+                f"prefetch_budget ({self.prefetch_budget}) must be at least num_tries ({self.num_tries}): "
+                "one MultiTryMH step needs num_tries requests"
+            )
         return self
 
     @property
@@ -72,5 +83,5 @@ class SamplerConfig(BaseModel):
         return self.block_size * self.num_blocks
 
     @property
-    def requests_per_round(self) -> int:
-        return 1 if self.traversal == "serial" else self.prefetch_budget
+    def requests_per_step(self) -> int:
+        return self.num_tries if self.sampler == "multi_try" else 1

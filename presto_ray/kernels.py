@@ -1,25 +1,154 @@
-"""MH acceptance ratios (ALGORITHM.md section 2)."""
+"""MH kernels (ALGORITHM.md sections 2 and 5): cut laws, PowerMH, EntropyCut and MultiTryMH.
+
+A kernel turns (state, cut, proposals) into the next state. Every ratio is
+
+    log r = [target and proposal terms] + log P(cut | y) - log P(cut | x)
+
+where the cut law's term is log|x| - log|y| for the uniform cut (PowerMH) and
+log lambda(c; y) - log lambda(c; x) for EntropyCut.
+"""
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
 
 from presto_ray.engines.base import Completion
 from presto_ray.state import ChainState
 
 
-class PowerMHKernel:
-    """log r for the suffix proposal y = x[:c] + s targeting p0**alpha with proposal q_tau."""
+class UniformCut:
+    """c uniform on {0, ..., |x| - 1}."""
 
-    def __init__(self, alpha: float) -> None:
+    needs_entropy = False
+
+    def draw(self, u: float, state: ChainState) -> int:
+        return math.floor(u * len(state))
+
+    def log_prob(self, cut: int, state: ChainState) -> float:
+        return -math.log(len(state))
+
+
+class EntropyCut:
+    """lambda(m; x) proportional to max(0, H_m - H_{m-1}) ** beta, uniform when every jump is 0.
+
+    H_m is the entropy of p0's next-token distribution at generated position m; H_{-1} = 0, so
+    the first position weighs its own entropy. The cut depends on the state only through the
+    entropies of its prefix positions, and stays a deterministic function of (U_j, x).
+    """
+
+    needs_entropy = True
+
+    def __init__(self, beta: float = 4.0) -> None:
+        self.beta = beta
+
+    def weights(self, entropy: np.ndarray) -> np.ndarray:
+        jumps = np.maximum(0.0, np.diff(entropy, prepend=0.0)) ** self.beta
+        total = jumps.sum()
+        if not total > 0.0:
+            return np.full(len(entropy), 1.0 / len(entropy))
+        return jumps / total
+
+    def draw(self, u: float, state: ChainState) -> int:
+        return self.draw_from_entropy(u, state.entropy)
+
+    def draw_from_entropy(self, u: float, entropy: np.ndarray) -> int:
+        cdf = np.cumsum(self.weights(entropy))
+        return min(int(np.searchsorted(cdf, u * cdf[-1], side="right")), len(entropy) - 1)
+
+    def log_prob(self, cut: int, state: ChainState) -> float:
+        w = self.weights(state.entropy)[cut]
+        return math.log(w) if w > 0.0 else -math.inf
+
+
+@dataclass
+class Transition:
+    state: ChainState
+    log_ratio: float
+    accepted: bool
+
+
+def _log_sum_exp(values: Sequence[float]) -> float:
+    peak = max(values)
+    if peak == -math.inf:
+        return -math.inf
+    return peak + math.log(sum(math.exp(v - peak) for v in values))
+
+
+class PowerMHKernel:
+    """Suffix proposal y = x[:c] + s, s ~ q_tau, targeting p0**alpha."""
+
+    num_tries = 1
+
+    def __init__(self, alpha: float, cut_law: UniformCut | EntropyCut | None = None) -> None:
         self.alpha = alpha
+        self.cut_law = cut_law or UniformCut()
+
+    @property
+    def needs_entropy(self) -> bool:
+        return self.cut_law.needs_entropy
+
+    def cut_correction(self, state: ChainState, cut: int, candidate: ChainState) -> float:
+        """log P(cut | y) - log P(cut | x): the reverse move picks the same cut from y."""
+        return self.cut_law.log_prob(cut, candidate) - self.cut_law.log_prob(cut, state)
+
+    def log_weight(self, logp0_sum: float, logq_sum: float) -> float:
+        """log of pi/q on a suffix: alpha log p0 - log q_tau."""
+        return self.alpha * logp0_sum - logq_sum
 
     def log_accept_ratio(self, state: ChainState, cut: int, proposal: Completion) -> float:
-        target = self.alpha * (float(proposal.logp0.sum()) - state.suffix_logp0(cut))
-        proposal_correction = state.suffix_logq(cut) - float(proposal.logq.sum())
-        return target + proposal_correction + self.cut_correction(len(state), cut + len(proposal.token_ids))
+        candidate = state.replace_suffix(cut, proposal)
+        forward = self.log_weight(float(proposal.logp0.sum()), float(proposal.logq.sum()))
+        backward = self.log_weight(state.suffix_logp0(cut), state.suffix_logq(cut))
+        return forward - backward + self.cut_correction(state, cut, candidate)
+
+    def transition(self, state: ChainState, cut: int, proposals: Sequence[Completion], keys) -> Transition:
+        log_ratio = self.log_accept_ratio(state, cut, proposals[0])
+        accepted = math.log(keys.accept_uniform) < log_ratio
+        return Transition(state.replace_suffix(cut, proposals[0]) if accepted else state, log_ratio, accepted)
+
+
+class MultiTryKernel(PowerMHKernel):
+    """Multiple-try Metropolis with M independent tries from one cut (see docs/multi_try.md).
+
+    Given the cut, every try is an independent draw from q_tau(. | x[:c]), so the tries that
+    were not selected serve as the reference set (Liu, Liang and Wong 2000): with importance
+    weights w(z) = pi(z) / q(z) on the suffix and W = sum_i w(y_i),
+
+        A = min(1, P(c | y) W / (P(c | x) (W - w(y) + w(x)))).
+    """
+
+    def __init__(self, alpha: float, num_tries: int, cut_law: UniformCut | EntropyCut | None = None) -> None:
+        super().__init__(alpha, cut_law)
+        self.num_tries = num_tries
+
+    def transition(self, state: ChainState, cut: int, proposals: Sequence[Completion], keys) -> Transition:
+        weights = [self.log_weight(float(p.logp0.sum()), float(p.logq.sum())) for p in proposals]
+        total = _log_sum_exp(weights)
+        selected = self._select(weights, total, keys.selection_uniform)
+        candidate = state.replace_suffix(cut, proposals[selected])
+        current = self.log_weight(state.suffix_logp0(cut), state.suffix_logq(cut))
+        reverse = _log_sum_exp([w for i, w in enumerate(weights) if i != selected] + [current])
+        log_ratio = total - reverse + self.cut_correction(state, cut, candidate)
+        accepted = math.log(keys.accept_uniform) < log_ratio
+        return Transition(candidate if accepted else state, log_ratio, accepted)
 
     @staticmethod
-    def cut_correction(len_x: int, len_y: int) -> float:
-        """log|x| - log|y|: the cut is uniform on |x| positions forward and |y| backward."""
-        return math.log(len_x) - math.log(len_y)
+    def _select(weights: Sequence[float], total: float, u: float) -> int:
+        """Try i with probability w_i / W, by inverse CDF on the keyed uniform."""
+        cumulative = 0.0
+        for i, w in enumerate(weights):
+            cumulative += math.exp(w - total)
+            if u < cumulative:
+                return i
+        return len(weights) - 1
+
+
+def build_kernel(config) -> PowerMHKernel:
+    cut_law = EntropyCut(config.entropy_beta) if config.sampler == "entropy_cut" else UniformCut()
+    if config.sampler == "multi_try":
+        return MultiTryKernel(config.alpha, config.num_tries, cut_law)
+    return PowerMHKernel(config.alpha, cut_law)

@@ -14,7 +14,6 @@ never affected.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Callable
 
@@ -42,11 +41,16 @@ def build_plan_tree(
     fixed_length: bool,
     stop_at_eos: bool,
     eos_token_id: int | None,
-    cut_uniform: Callable[[int], float],
+    cut_for: Callable[[int, int], int | None],
     accept_branch_probability: Callable[[float], float],
     max_keyed_depth: int,
+    requests_per_step: int = 1,
 ) -> PlanNode:
-    """The DAG of future events from the realized state `tokens` at event `event_index`."""
+    """The DAG of future events from the realized state `tokens` at event `event_index`.
+
+    `cut_for(step, length)` is the cut of MH step `step` for a state of `length` tokens whose
+    known part is the root's (None when it cannot be told now).
+    """
     ends_with_eos = (not fixed_length) and eos_token_id is not None and bool(tokens) and tokens[-1] == eos_token_id
     root = PlanNode(depth=0)
     level: dict[_Facts, PlanNode] = {_Facts(len(tokens), len(tokens), True): root}
@@ -69,10 +73,11 @@ def build_plan_tree(
                     node.key = (event.index, tokens[: facts.length])
                     branches = [(_Facts(facts.length, event.horizon, False), 1.0)]
             else:
-                cut = math.floor(cut_uniform(event.step) * facts.length)
-                if cut > facts.known_prefix:
+                cut = cut_for(event.step, facts.length)
+                if cut is None or cut > facts.known_prefix:
                     continue  # deferred: its prefix holds tokens not generated yet
                 node.key = (event.index, tokens[:cut])
+                node.cost = requests_per_step
                 h_accept = accept_branch_probability(cut / event.horizon)
                 accepted = _Facts(min(facts.known_prefix, cut), facts.length, False)
                 branches = [(accepted, h_accept), (facts, 1.0 - h_accept)]

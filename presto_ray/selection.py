@@ -28,6 +28,7 @@ class PlanNode:
     key: Hashable | None = None
     free: bool = False
     value: float = 1.0  # completed events this node counts for (free nodes count 0)
+    cost: int = 1  # requests its key stands for (MultiTryMH: one per try)
     children: list[tuple["PlanNode", float]] = field(default_factory=list)
 
     @property
@@ -64,9 +65,10 @@ def expected_completed(root: PlanNode, keys: Iterable[Hashable]) -> float:
 
 
 def select_breadth_first(root: PlanNode, budget: int) -> list[Hashable]:
-    """Keys in breadth-first order over the nodes reachable through issued keys."""
+    """Keys in breadth-first order over the nodes reachable through issued keys (costs <= budget)."""
     chosen: list[Hashable] = []
     chosen_set: set = set()
+    spent = 0
     frontier = [root]
     while frontier:
         following: dict[PlanNode, None] = {}
@@ -74,10 +76,11 @@ def select_breadth_first(root: PlanNode, budget: int) -> list[Hashable]:
             if node.dead:
                 continue
             if not node.free and node.key not in chosen_set:
-                if len(chosen) == budget:
+                if spent + node.cost > budget:
                     continue
                 chosen.append(node.key)
                 chosen_set.add(node.key)
+                spent += node.cost
             for child, _ in node.children:
                 following[child] = None
         frontier = list(following)
@@ -97,7 +100,9 @@ def _max_node_value(root: PlanNode) -> float:
 
 
 def select_max_expected(root: PlanNode, budget: int, cost_per_request: float = 0.0) -> list[Hashable]:
-    """Keys maximising expected completed events minus `cost_per_request` per key, |keys| <= budget.
+    """Keys maximising expected completed events minus `cost_per_request` per request, within budget.
+
+    Budget and cost count requests: a key costs its node's `cost`.
 
     Exact: a depth-first search over, for each depth, which of the keys alive there to issue
     (every completed node needs its whole path issued, so choices only ever extend the alive
@@ -117,18 +122,23 @@ def select_max_expected(root: PlanNode, budget: int, cost_per_request: float = 0
         if score + left * sum(alive.values()) * max_value <= best_score + 1e-12:
             return
         mass_by_key: dict[Hashable, float] = defaultdict(float)
+        cost_of: dict[Hashable, int] = {}
         for node, mass in alive.items():
             if node.key is not None and node.key not in chosen_set:
                 mass_by_key[node.key] += mass * node.value
+                cost_of[node.key] = node.cost
         candidates = sorted(mass_by_key, key=mass_by_key.__getitem__, reverse=True)[:MAX_KEYS_PER_DEPTH]
         passes_without_new_key = any(n.free or (n.key in chosen_set) for n in alive)
-        for size in range(min(len(candidates), left), -1, -1):
+        for size in range(len(candidates), -1, -1):
             if size == 0 and not passes_without_new_key:
                 break
             for subset in combinations(candidates, size):
+                cost = sum(cost_of[k] for k in subset)
+                if cost > left:
+                    continue
                 extended = chosen_set.union(subset)
                 gain, reached = _propagate(alive, extended)
-                search(reached, chosen + list(subset), extended, score + gain - cost_per_request * size, left - size)
+                search(reached, chosen + list(subset), extended, score + gain - cost_per_request * cost, left - cost)
 
     search({root: 1.0}, [], set(), 0.0, budget)
     return best

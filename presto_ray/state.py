@@ -13,6 +13,7 @@ class ChainState:
     tokens: tuple[int, ...] = ()
     logp0: np.ndarray = field(default_factory=lambda: np.zeros(0))
     logq: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    entropy: np.ndarray = field(default_factory=lambda: np.zeros(0))  # H of p0 at each position (EntropyCut)
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -26,6 +27,7 @@ class ChainState:
             self.tokens[:cut] + completion.token_ids,
             np.concatenate([self.logp0[:cut], completion.logp0]),
             np.concatenate([self.logq[:cut], completion.logq]),
+            np.concatenate([self.entropy[:cut], completion.entropy if completion.entropy is not None else np.zeros(len(completion.token_ids))]),
         )
 
     def suffix_logp0(self, cut: int) -> float:

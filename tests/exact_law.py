@@ -7,6 +7,7 @@ from ALGORITHM.md, so a wrong kernel in the library cannot agree with this refer
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import defaultdict
 
@@ -14,13 +15,15 @@ import numpy as np
 
 
 class Enumerator:
-    def __init__(self, engine, prompt, *, alpha, tau, block_size, num_blocks, mh_steps, fixed_length, stop_at_eos=True):
+    def __init__(self, engine, prompt, *, alpha, tau, block_size, num_blocks, mh_steps, fixed_length, stop_at_eos=True,
+                 sampler="power_mh", num_tries=2, entropy_beta=4.0):
         self.engine = engine
         self.prompt = tuple(prompt)
         self.alpha, self.tau = alpha, tau
         self.block_size, self.num_blocks, self.mh_steps = block_size, num_blocks, mh_steps
         self.eos = None if fixed_length else engine.eos_token_id
         self.stop_at_eos = stop_at_eos
+        self.sampler, self.num_tries, self.beta = sampler, num_tries, entropy_beta
         self._cache: dict = {}
 
     def _logp0(self, generated):
@@ -38,6 +41,19 @@ class Enumerator:
 
     def seq_logq(self, tokens, start):
         return sum(self._logq(tokens[:i])[tokens[i]] for i in range(start, len(tokens)))
+
+    def cut_probabilities(self, x):
+        """P(c | x): uniform, or EntropyCut's lambda with H_{-1} = 0 and a uniform fallback."""
+        n = len(x)
+        if self.sampler != "entropy_cut":
+            return [1.0 / n] * n
+        entropies = []
+        for m in range(n):
+            lp = self._logp0(x[:m])
+            entropies.append(-sum(math.exp(v) * v for v in lp))
+        jumps = [max(0.0, entropies[m] - (entropies[m - 1] if m else 0.0)) ** self.beta for m in range(n)]
+        total = sum(jumps)
+        return [j / total for j in jumps] if total > 0 else [1.0 / n] * n
 
     def completions(self, prefix, horizon):
         """All (suffix, q probability) generated from `prefix` until EOS or the horizon."""
@@ -64,21 +80,57 @@ class Enumerator:
                 new[x + s] += px * qs
         return new
 
+    def log_weight(self, tokens, cut):
+        """log pi/q on the suffix after `cut`: alpha log p0 - log q_tau."""
+        return self.alpha * self.seq_logp0(tokens, cut) - self.seq_logq(tokens, cut)
+
     def mh_step(self, dist, horizon, *, length_correction=True):
         new = defaultdict(float)
         for x, px in dist.items():
-            n = len(x)
-            for c in range(n):
-                x_p0, x_q = self.seq_logp0(x, c), self.seq_logq(x, c)
-                for s, qs in self.completions(x[:c], horizon):
-                    y = x[:c] + s
-                    log_r = self.alpha * (self.seq_logp0(y, c) - x_p0) + x_q - self.seq_logq(y, c)
-                    if length_correction:
-                        log_r += math.log(n) - math.log(len(y))
-                    a = math.exp(min(0.0, log_r))
-                    new[y] += px * qs * a / n
-                    new[x] += px * qs * (1.0 - a) / n
+            cut_px = self.cut_probabilities(x)
+            for c in range(len(x)):
+                if cut_px[c] == 0.0:
+                    continue
+                step = self._multi_try if self.sampler == "multi_try" else self._single_try
+                for y, p in step(x, c, horizon, length_correction).items():
+                    new[y] += px * cut_px[c] * p
         return new
+
+    def _cut_term(self, x, y, c, length_correction):
+        """P(c | y) / P(c | x): the cut law's share of the ratio."""
+        if not length_correction:
+            return 1.0
+        return self.cut_probabilities(y)[c] / self.cut_probabilities(x)[c]
+
+    def _single_try(self, x, c, horizon, length_correction):
+        out = defaultdict(float)
+        w_x = self.log_weight(x, c)
+        for s, qs in self.completions(x[:c], horizon):
+            y = x[:c] + s
+            a = min(1.0, math.exp(self.log_weight(y, c) - w_x) * self._cut_term(x, y, c, length_correction))
+            out[y] += qs * a
+            out[x] += qs * (1.0 - a)
+        return out
+
+    def _multi_try(self, x, c, horizon, length_correction, naive=False):
+        """M independent tries; select y_j w.p. w_j/W; accept w.p. min(1, W / (W - w_j + w_x))."""
+        out = defaultdict(float)
+        options = self.completions(x[:c], horizon)
+        w_x = math.exp(self.log_weight(x, c))
+        for combo in itertools.product(range(len(options)), repeat=self.num_tries):
+            tries = [x[:c] + options[i][0] for i in combo]
+            p_tries = math.prod(options[i][1] for i in combo)
+            w = [math.exp(self.log_weight(y, c)) for y in tries]
+            total = sum(w)
+            for j, y in enumerate(tries):
+                pick = w[j] / total
+                ratio = (w[j] / w_x) if self.naive_mtm else total / (total - w[j] + w_x)
+                a = min(1.0, ratio * self._cut_term(x, y, c, length_correction))
+                out[y] += p_tries * pick * a
+                out[x] += p_tries * pick * (1.0 - a)
+        return out
+
+    naive_mtm = False  # a deliberately wrong ratio, to show the test's power
 
     def final_distribution(self, *, length_correction=True):
         """Law of the output (cut after the first EOS) at the end of the procedure."""

@@ -37,7 +37,7 @@ def test_defaults_and_derived_values():
     config = SamplerConfig()
     assert config.alpha == 4.0 and config.tau == 0.25
     assert SamplerConfig(alpha=2.0, proposal_temperature=0.7).tau == 0.7
-    assert SamplerConfig(traversal="serial", prefetch_budget=20).requests_per_round == 1
+    assert SamplerConfig(sampler="multi_try", num_tries=3, prefetch_budget=6).requests_per_step == 3
     assert SamplerConfig(block_size=8, num_blocks=3).max_new_tokens == 24
     with pytest.raises(ValidationError):
         SamplerConfig(block_size=100_000, num_blocks=1000)

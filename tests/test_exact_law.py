@@ -1,12 +1,13 @@
 """The sampler follows the exact law of ALGORITHM.md, checked by enumeration and chi-square."""
 
+import math
 from collections import Counter
 
 import pytest
 
 from presto_ray import SamplerConfig, sample
 from presto_ray.engines.toy import ToyEngine
-from presto_ray.kernels import PowerMHKernel
+from presto_ray.kernels import EntropyCut, MultiTryKernel, PowerMHKernel, Transition
 
 from exact_law import Enumerator, chi_square_pvalue
 
@@ -17,9 +18,28 @@ PROMPT = (1, 2)
 class NoLengthCorrection(PowerMHKernel):
     """The reference code's flaw: no cut-probability correction when lengths differ."""
 
-    @staticmethod
-    def cut_correction(len_x: int, len_y: int) -> float:
+    def cut_correction(self, state, cut, candidate) -> float:
         return 0.0
+
+
+class EntropyCutWithoutItsTerm(PowerMHKernel):
+    """EntropyCut's cut law with the uniform cut's correction: the lambda ratio left out."""
+
+    def cut_correction(self, state, cut, candidate) -> float:
+        return math.log(len(state)) - math.log(len(candidate))
+
+
+class NaiveMultiTry(MultiTryKernel):
+    """Selects a try as MultiTryMH does, then accepts it with the single-try ratio w(y)/w(x)."""
+
+    def transition(self, state, cut, proposals, keys):
+        weights = [self.log_weight(float(p.logp0.sum()), float(p.logq.sum())) for p in proposals]
+        chosen = self._select(weights, max(weights) + math.log(sum(math.exp(w - max(weights)) for w in weights)), keys.selection_uniform)
+        candidate = state.replace_suffix(cut, proposals[chosen])
+        log_ratio = weights[chosen] - self.log_weight(state.suffix_logp0(cut), state.suffix_logq(cut))
+        log_ratio += self.cut_correction(state, cut, candidate)
+        accepted = math.log(keys.accept_uniform) < log_ratio
+        return Transition(candidate if accepted else state, log_ratio, accepted)
 
 
 def _engine():
@@ -34,16 +54,18 @@ CASES = {
 }
 
 
-def _empirical(engine, case, traversal, kernel=None):
+def _empirical(engine, case, traversal, kernel=None, num_chains=NUM_CHAINS, **sampler):
     counts = Counter()
-    for seed in range(NUM_CHAINS):
-        config = SamplerConfig(alpha=2.0, traversal=traversal, prefetch_budget=4, seed=seed, **case)
+    for seed in range(num_chains):
+        config = SamplerConfig(alpha=2.0, traversal=traversal, prefetch_budget=6, seed=seed, **case, **sampler)
         counts[sample(engine, PROMPT, config, kernel=kernel).token_ids] += 1
     return counts
 
 
-def _exact(engine, case, **kwargs):
-    enum = Enumerator(engine, PROMPT, alpha=2.0, tau=0.5, **case)
+def _exact(engine, case, naive_mtm=False, **kwargs):
+    sampler = {k: kwargs.pop(k) for k in ("sampler", "num_tries") if k in kwargs}
+    enum = Enumerator(engine, PROMPT, alpha=2.0, tau=0.5, **case, **sampler)
+    enum.naive_mtm = naive_mtm
     return enum.final_distribution(**kwargs)
 
 
@@ -75,3 +97,42 @@ def test_enumeration_sums_to_one_and_differs_without_correction():
     wrong = _exact(engine, CASES["eos-1block"], length_correction=False)
     assert abs(sum(right.values()) - 1) < 1e-12
     assert max(abs(right.get(x, 0) - wrong.get(x, 0)) for x in set(right) | set(wrong)) > 0.01
+
+
+VARIANTS = {
+    "entropy_cut": dict(sampler="entropy_cut"),
+    "multi_try": dict(sampler="multi_try", num_tries=3),
+}
+MTM_CHAINS = 4000
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("name", ["eos-1block", "eos-2blocks", "fixed-1block"])
+def test_variants_match_their_exact_law(variant, name):
+    engine = _engine()
+    exact = _exact(engine, CASES[name], **VARIANTS[variant])
+    counts = _empirical(engine, CASES[name], "predictive", num_chains=MTM_CHAINS, **VARIANTS[variant])
+    p = chi_square_pvalue(exact, counts, MTM_CHAINS)
+    assert p > 1e-3, f"{variant}/{name}: chi-square p = {p:.2e}"
+
+
+@pytest.mark.slow
+def test_entropy_cut_without_its_cut_law_term_fails():
+    engine = _engine()
+    case = CASES["eos-1block"]
+    exact = _exact(engine, case, sampler="entropy_cut")
+    counts = _empirical(engine, case, "bfs", kernel=EntropyCutWithoutItsTerm(2.0, EntropyCut(4.0)), sampler="entropy_cut")
+    p = chi_square_pvalue(exact, counts, NUM_CHAINS)
+    assert p < 1e-6, f"the broken EntropyCut passed: p = {p:.2e}"
+
+
+@pytest.mark.slow
+def test_multi_try_with_the_single_try_ratio_fails():
+    engine = _engine()
+    case = CASES["eos-1block"]
+    exact = _exact(engine, case, sampler="multi_try", num_tries=3)
+    assert _exact(engine, case, naive_mtm=True, sampler="multi_try", num_tries=3) != exact
+    counts = _empirical(engine, case, "bfs", kernel=NaiveMultiTry(2.0, 3), num_chains=MTM_CHAINS, sampler="multi_try", num_tries=3)
+    p = chi_square_pvalue(exact, counts, MTM_CHAINS)
+    assert p < 1e-6, f"the naive MultiTryMH passed: p = {p:.2e}"

@@ -8,7 +8,7 @@ import pytest
 from presto_ray.selection import PlanNode, expected_completed, select_breadth_first, select_max_expected
 
 
-def random_tree(rng: random.Random, max_depth: int, keys_per_depth: int) -> PlanNode:
+def random_tree(rng: random.Random, max_depth: int, keys_per_depth: int, costs: bool = False) -> PlanNode:
     """A random planning tree: shared keys within a depth, free and dead nodes, random branches."""
 
     def make(depth: int) -> PlanNode:
@@ -20,6 +20,7 @@ def random_tree(rng: random.Random, max_depth: int, keys_per_depth: int) -> Plan
             node.free, node.value = True, 0.0
         else:
             node.key = (depth, rng.randrange(keys_per_depth))
+            node.cost = 1 + (hash(node.key) % 2 if costs else 0)  # one cost per key, as in the planner
         if depth < max_depth:
             h = rng.random()
             node.children = [(make(depth + 1), h), (make(depth + 1), 1 - h)]
@@ -39,28 +40,35 @@ def reference_value(node: PlanNode, keys: set) -> float:
     return own + sum(p * reference_value(child, keys) for child, p in node.children)
 
 
-def all_keys(node: PlanNode) -> set:
-    keys = {node.key} if node.key is not None else set()
+def all_keys(node: PlanNode) -> dict:
+    """key -> its cost in requests."""
+    keys = {node.key: node.cost} if node.key is not None else {}
     for child, _ in node.children:
-        keys |= all_keys(child)
+        keys.update(all_keys(child))
     return keys
 
 
 @pytest.mark.parametrize("trial", range(60))
 def test_max_expected_equals_brute_force(trial):
     rng = random.Random(trial)
-    root = random_tree(rng, max_depth=rng.randint(1, 4), keys_per_depth=rng.randint(1, 3))
+    root = random_tree(rng, max_depth=rng.randint(1, 4), keys_per_depth=rng.randint(1, 3), costs=trial % 2 == 1)
     budget = rng.randint(1, 6)
     cost = rng.choice([0.0, 0.0, 0.1, 0.4])
-    keys = sorted(all_keys(root))
+    key_costs = all_keys(root)
+    keys = sorted(key_costs)
+
+    def spend(subset):
+        return sum(key_costs[k] for k in subset)
+
     best = max(
-        reference_value(root, set(subset)) - cost * len(subset)
-        for size in range(0, min(budget, len(keys)) + 1)
+        reference_value(root, set(subset)) - cost * spend(subset)
+        for size in range(0, len(keys) + 1)
         for subset in itertools.combinations(keys, size)
+        if spend(subset) <= budget
     )
     chosen = select_max_expected(root, budget, cost)
-    assert len(chosen) == len(set(chosen)) <= budget
-    got = reference_value(root, set(chosen)) - cost * len(chosen)
+    assert len(chosen) == len(set(chosen)) and spend(chosen) <= budget
+    got = reference_value(root, set(chosen)) - cost * spend(chosen)
     assert got == pytest.approx(best, abs=1e-9)
     assert expected_completed(root, chosen) == pytest.approx(reference_value(root, set(chosen)), abs=1e-12)
 
@@ -68,11 +76,12 @@ def test_max_expected_equals_brute_force(trial):
 @pytest.mark.parametrize("trial", range(30))
 def test_breadth_first_fills_the_budget_level_by_level(trial):
     rng = random.Random(1000 + trial)
-    root = random_tree(rng, max_depth=4, keys_per_depth=2)
-    budget = rng.randint(1, 8)
+    root = random_tree(rng, max_depth=4, keys_per_depth=2, costs=trial % 2 == 1)
+    budget = rng.randint(2, 8)
     chosen = select_breadth_first(root, budget)
+    costs = all_keys(root)
     assert chosen[0] == root.key
-    assert len(chosen) == len(set(chosen)) <= budget
+    assert len(chosen) == len(set(chosen)) and sum(costs[k] for k in chosen) <= budget
     depths = [key[0] for key in chosen]
     assert depths == sorted(depths)
     # Every chosen key is needed by a node reachable through chosen keys only.

@@ -24,6 +24,7 @@ class ProposalRequest:
     temperature: float
     seed: int
     stop_at_eos: bool = True
+    want_entropy: bool = False  # also return the entropy of p0 at each generated position
 
     @property
     def context_token_ids(self) -> tuple[int, ...]:
@@ -39,6 +40,7 @@ class Completion:
     logq: np.ndarray
     finish_reason: FinishReason
     cached_prompt_tokens: int = 0  # prompt tokens this request read from the prefix cache
+    entropy: np.ndarray | None = None  # entropy of p0 at each position, when requested
 
     def __post_init__(self) -> None:
         if not (len(self.token_ids) == len(self.logp0) == len(self.logq)):

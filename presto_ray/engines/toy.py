@@ -105,20 +105,23 @@ class ToyEngine:
         tokens: list[int] = []
         logp0: list[float] = []
         logq: list[float] = []
+        entropy: list[float] = []
         finish = "length"
         inv_tau = 1.0 / request.temperature
         for _ in range(request.max_new_tokens):
             z = self._logits(h, last)
             zq = z * inv_tau
             token = int(np.argmax(zq + noise_rng.gumbel(size=self.vocab_size)))
+            lp = _log_softmax(z)
             tokens.append(token)
-            logp0.append(float(_log_softmax(z)[token]))
+            logp0.append(float(lp[token]))
+            entropy.append(float(-(np.exp(lp) * lp).sum()))
             logq.append(float(_log_softmax(zq)[token]))
             h, last = self._push(h, token), token
             if request.stop_at_eos and token == self.eos_token_id:
                 finish = "stop"
                 break
-        return Completion(tuple(tokens), np.array(logp0), np.array(logq), finish)
+        return Completion(tuple(tokens), np.array(logp0), np.array(logq), finish, entropy=np.array(entropy))
 
     def generate(self, requests: Sequence[ProposalRequest]) -> EngineOutput:
         start = time.perf_counter()
