@@ -35,13 +35,16 @@ def hf_reference(vllm_engine):
     model = AutoModelForCausalLM.from_pretrained(vllm_engine.model_dir, dtype=torch.float32)
     model.eval()
 
-    def logprobs(context, tokens, temperature):
+    def logprobs(context, tokens, temperature, entropy=False):
         ids = torch.tensor([list(context) + list(tokens)])
         with torch.no_grad():
             logits = model(ids).logits[0, len(context) - 1 : len(context) + len(tokens) - 1].double()
         index = torch.tensor(list(tokens))[:, None]
-        logp0 = torch.log_softmax(logits, -1).gather(1, index)[:, 0].numpy()
+        full = torch.log_softmax(logits, -1)
+        logp0 = full.gather(1, index)[:, 0].numpy()
         logq = torch.log_softmax(logits / temperature, -1).gather(1, index)[:, 0].numpy()
+        if entropy:
+            return logp0, logq, (-(full.exp() * full).sum(-1)).numpy()
         return logp0, logq
 
     return logprobs

@@ -13,13 +13,16 @@ TOLERANCE = {"toy": 1e-9, "vllm": 2e-3}
 
 
 def toy_reference(engine):
-    def logprobs(context, tokens, temperature):
-        logp0, logq = [], []
+    def logprobs(context, tokens, temperature, entropy=False):
+        logp0, logq, entropies = [], [], []
         for i, token in enumerate(tokens):
             lp = engine.next_token_logprobs(list(context) + list(tokens[:i]))
             z = lp / temperature
             logp0.append(lp[token])
             logq.append(z[token] - np.logaddexp.reduce(z))
+            entropies.append(-(np.exp(lp) * lp).sum())
+        if entropy:
+            return np.array(logp0), np.array(logq), np.array(entropies)
         return np.array(logp0), np.array(logq)
 
     return logprobs
@@ -36,8 +39,8 @@ def setup(request):
     return "vllm", engine, request.getfixturevalue("hf_reference"), prompt
 
 
-def _request(prompt, prefix=(), seed=11, max_new_tokens=12, temperature=0.5, stop_at_eos=True):
-    return ProposalRequest(tuple(prompt), tuple(prefix), max_new_tokens, temperature, seed, stop_at_eos)
+def _request(prompt, prefix=(), seed=11, max_new_tokens=12, temperature=0.5, stop_at_eos=True, want_entropy=False):
+    return ProposalRequest(tuple(prompt), tuple(prefix), max_new_tokens, temperature, seed, stop_at_eos, want_entropy)
 
 
 def test_logprobs_match_the_reference(setup):
@@ -49,6 +52,17 @@ def test_logprobs_match_the_reference(setup):
         logp0, logq = reference(request.context_token_ids, completion.token_ids, request.temperature)
         worst = max(worst, np.abs(completion.logp0 - logp0).max(), np.abs(completion.logq - logq).max())
     assert worst < TOLERANCE[name], f"{name}: max |delta logprob| = {worst:.2e}"
+
+
+def test_entropies_match_the_reference(setup):
+    name, engine, reference, prompt = setup
+    requests = [_request(prompt, seed=s, max_new_tokens=6, want_entropy=True) for s in range(2)]
+    requests.append(_request(prompt, seed=7, max_new_tokens=6))  # entropies only where asked
+    out = engine.generate(requests).completions
+    for request, completion in zip(requests[:2], out):
+        _, _, entropy = reference(request.context_token_ids, completion.token_ids, request.temperature, entropy=True)
+        np.testing.assert_allclose(completion.entropy, entropy, atol=TOLERANCE[name])
+    assert name == "toy" or out[2].entropy is None
 
 
 def test_same_key_same_tokens_whatever_the_batch(setup):

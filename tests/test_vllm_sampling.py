@@ -33,3 +33,18 @@ def test_chains_share_calls_without_changing_samples(vllm_engine):
     assert [r.token_ids for r in together] == [r.token_ids for r in alone]
     assert accounting.calls < sum(r.stats.model_calls for r in alone)
     assert accounting.cached_prompt_tokens > 0
+
+
+@pytest.mark.parametrize(
+    "variant", [dict(sampler="multi_try", num_tries=3), dict(sampler="entropy_cut")], ids=["multi_try", "entropy_cut"]
+)
+def test_variants_reproduce_their_serial_chain_on_a_real_model(vllm_engine, variant):
+    prompt = vllm_engine.tokenizer.encode("Name a planet.")
+    base = SamplerConfig(block_size=12, mh_steps=5, prefetch_budget=9, seed=2, **variant)
+    serial = sample(vllm_engine, prompt, base.model_copy(update={"traversal": "serial"}))
+    for traversal in ("bfs", "predictive"):
+        prefetched = sample(vllm_engine, prompt, base.model_copy(update={"traversal": traversal}))
+        assert prefetched.token_ids == serial.token_ids, traversal
+        assert prefetched.stats.accepted == serial.stats.accepted
+        assert prefetched.stats.model_calls < serial.stats.model_calls
+    assert serial.stats.requests == 1 + 5 * variant.get("num_tries", 1)

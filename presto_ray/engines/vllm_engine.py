@@ -10,6 +10,12 @@ costs a full prefill; `CallAccounting.scoring_tokens` and `scoring_time_s` repor
 numbers are exact for the model as vLLM computes it; they differ from another implementation
 (transformers) only by floating-point round-off, which the conformance suite bounds.
 
+Entropies (EntropyCut). A request with `want_entropy` is scored with `prompt_logprobs=-1`, the
+whole vocabulary per position (the engine runs with `max_logprobs=-1`), and the entropy of p0 is
+summed from it: exact, and expensive (measured on 2 CPU cores with SmolLM2: 8 requests of 48
+tokens took 18.6 s to score against 2.6 s without entropies), because vLLM ships every
+probability back to the front end.
+
 Seeds. Every request carries its own seed (the chain's step key), so a proposal is a function of
 (seed, prompt + prefix) and never depends on which other requests share the batch.
 
@@ -86,6 +92,23 @@ class HFTokenizer:
         return self._tokenizer.decode(list(token_ids), skip_special_tokens=True)
 
 
+def _entropies(flat, offset: int, count: int) -> np.ndarray:
+    """Entropy of p0 at `count` positions from whole-vocabulary flat prompt logprobs.
+
+    Each position lists the prompt token first and then every vocabulary entry, so the prompt
+    token appears twice: keep the first occurrence of each id.
+    """
+    token_ids = np.asarray(flat.token_ids)
+    logprobs = np.asarray(flat.logprobs, dtype=np.float64)
+    out = np.empty(count)
+    for i in range(count):
+        a, b = flat.start_indices[offset + i], flat.end_indices[offset + i]
+        _, first = np.unique(token_ids[a:b], return_index=True)
+        lp = logprobs[a:b][first]
+        out[i] = float(-(np.exp(lp) * lp).sum())
+    return out
+
+
 class VLLMEngine:
     """One vLLM AsyncLLM on a private event-loop thread; `generate` is the engine protocol."""
 
@@ -125,6 +148,7 @@ class VLLMEngine:
             seed=c.seed,
             enable_prefix_caching=True,
             logprobs_mode="processed_logprobs",
+            max_logprobs=-1,  # whole-vocabulary scoring, for entropies
             generation_config="vllm",  # no sampling defaults from the model's files
             disable_log_stats=False,
         )
@@ -197,8 +221,9 @@ class VLLMEngine:
                 self._final(
                     list(requests[i].context_token_ids) + list(out.outputs[0].token_ids),
                     SamplingParams(
-                        temperature=1.0, max_tokens=1, prompt_logprobs=0, detokenize=False,
-                        output_kind=RequestOutputKind.FINAL_ONLY,
+                        temperature=1.0, max_tokens=1, detokenize=False, output_kind=RequestOutputKind.FINAL_ONLY,
+                        prompt_logprobs=-1 if requests[i].want_entropy else 0,
+                        flat_logprobs=requests[i].want_entropy,
                     ),
                 )
                 for i, out in zip(live, sampled)
@@ -220,10 +245,14 @@ class VLLMEngine:
         tokens = tuple(int(t) for t in sample.token_ids)
         logq = np.array([entry[t].logprob for entry, t in zip(sample.logprobs, tokens)], dtype=np.float64)
         offset = len(request.context_token_ids)
-        rows = score.prompt_logprobs[offset : offset + len(tokens)]
+        scores = score.prompt_logprobs
+        rows = [scores[offset + i] for i in range(len(tokens))]
         logp0 = np.array([row[t].logprob for row, t in zip(rows, tokens)], dtype=np.float64)
+        entropy = _entropies(scores, offset, len(tokens)) if request.want_entropy else None
         ended = bool(tokens) and request.stop_at_eos and tokens[-1] == self.eos_token_id
-        return Completion(tokens, logp0, logq, "stop" if ended else "length", int(out.num_cached_tokens or 0))
+        return Completion(
+            tokens, logp0, logq, "stop" if ended else "length", int(out.num_cached_tokens or 0), entropy
+        )
 
     # --- lifecycle -------------------------------------------------------------------------
     def shutdown(self) -> None:
