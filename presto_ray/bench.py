@@ -18,6 +18,7 @@ TOY_ENGINE = {"vocab_size": 64, "eos_token_id": 0, "seed": 1, "logit_scale": 4.0
 
 # (row key, table header, cell format); the order is the table's.
 COLUMNS: list[tuple[str, str, str]] = [
+    ("sampler", "sampler", "{}"),
     ("traversal", "traversal", "{}"),
     ("budget", "budget", "{}"),
     ("transitions_per_call", "trans/call", "{:.2f}"),
@@ -36,14 +37,20 @@ def chain_prompt(chain: int) -> list[int]:
     return [5, 6, 7 + chain]
 
 
-def _run(traversal: str, budget: int, num_chains: int, base: SamplerConfig, seed: int, gain: float = 0.0) -> list[SampleResult]:
-    """Sample `num_chains` chains with one traversal and budget on a fresh toy engine."""
+VARIANT_SETTINGS = {"power_mh": {}, "entropy_cut": {}, "multi_try": {"num_tries": 4}}
+
+
+def _run(
+    traversal: str, budget: int, num_chains: int, base: SamplerConfig, seed: int, gain: float = 0.0, sampler: str = "power_mh"
+) -> list[SampleResult]:
+    """Sample `num_chains` chains with one sampler, traversal and budget on a fresh toy engine."""
     engine = ToyEngine(**TOY_ENGINE)
-    update = {"prefetch_budget": budget, "traversal": traversal, "min_expected_gain": gain}
+    update = {"prefetch_budget": budget, "traversal": traversal, "min_expected_gain": gain, "sampler": sampler}
+    update.update(VARIANT_SETTINGS[sampler])
     return [sample(engine, chain_prompt(c), base.model_copy(update={**update, "seed": seed + c})) for c in range(num_chains)]
 
 
-def _row(traversal: str, budget: int, gain: float, results: list[SampleResult], serial: list[SampleResult]) -> dict:
+def _row(sampler: str, traversal: str, budget: int, gain: float, results: list[SampleResult], serial: list[SampleResult]) -> dict:
     """Aggregate one (traversal, budget) run into a table row."""
 
     def total(field: str, of: list[SampleResult] = results) -> int:
@@ -51,6 +58,7 @@ def _row(traversal: str, budget: int, gain: float, results: list[SampleResult], 
 
     calls, transitions, requests = total("model_calls"), total("transitions"), total("requests")
     return {
+        "sampler": sampler,
         "traversal": traversal if not gain else f"{traversal} gain>={gain:g}",
         "budget": budget,
         "min_expected_gain": gain,
@@ -76,27 +84,36 @@ def run_toy_bench(
     out_json: str | os.PathLike | None = None,
     progress: Callable[[str], None] | None = None,
     predictive_gains: Sequence[float] = (0.0, 0.1),
+    variant_budgets: Sequence[int] = (8, 20),
 ) -> dict:
-    """Run every (traversal, budget) on the same chains; serial (budget-free) is one row, budget 1.
+    """Run every (sampler, traversal, budget) on the same chains; serial is one row, budget 1.
 
-    A reference serial run always comes first; the serial row is a second, independent run of it,
-    so its `same_as_serial` checks run-to-run determinism.
+    PowerMH runs every budget (and predictive with each gain); EntropyCut and MultiTryMH run
+    `variant_budgets`. Per sampler, a reference serial run comes first; the serial row is a
+    second, independent run, so its `same_as_serial` checks run-to-run determinism.
     """
     base = SamplerConfig(block_size=block_size, num_blocks=1, mh_steps=mh_steps)
     runs = [
-        (t, b, g)
+        ("power_mh", t, b, g)
         for t in traversals
         for g in (predictive_gains if t == "predictive" else [0.0])
         for b in ([1] if t == "serial" else budgets)
     ]
-    serial = _run("serial", 1, num_chains, base, seed)
+    runs += [
+        (v, t, b, 0.0)
+        for v in ("entropy_cut", "multi_try")
+        for t in traversals
+        for b in ([1] if t == "serial" else variant_budgets)
+    ]
+    serial = {v: _run("serial", 1, num_chains, base, seed, sampler=v) for v in VARIANT_SETTINGS}
     rows = []
-    for traversal, budget, gain in runs:
-        row = _row(traversal, budget, gain, _run(traversal, budget, num_chains, base, seed, gain), serial)
+    for sampler, traversal, budget, gain in runs:
+        results = _run(traversal, budget, num_chains, base, seed, gain, sampler)
+        row = _row(sampler, traversal, budget, gain, results, serial[sampler])
         rows.append(row)
         if progress is not None:
             progress(
-                f"{row['traversal']} budget={budget}: {row['calls_per_sample']:.1f} calls/sample, "
+                f"{sampler} {row['traversal']} budget={budget}: {row['calls_per_sample']:.1f} calls/sample, "
                 f"same_as_serial={row['same_as_serial']}"
             )
     report = {
@@ -111,7 +128,9 @@ def run_toy_bench(
             "budgets": list(budgets),
             "traversals": list(traversals),
             "predictive_gains": list(predictive_gains),
-            "sampler": base.model_dump(exclude={"prefetch_budget", "traversal", "seed", "min_expected_gain"}),
+            "variant_budgets": list(variant_budgets),
+            "variant_settings": VARIANT_SETTINGS,
+            "sampler": base.model_dump(exclude={"prefetch_budget", "traversal", "seed", "min_expected_gain", "sampler", "num_tries"}),
         },
         "rows": rows,
     }

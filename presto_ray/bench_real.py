@@ -20,6 +20,7 @@ from presto_ray.output import write_json_atomic
 from presto_ray.prompts import read_prompts
 
 COLUMNS: list[tuple[str, str, str]] = [
+    ("sampler", "sampler", "{}"),
     ("traversal", "traversal", "{}"),
     ("budget", "N_pf", "{}"),
     ("wall_time_s", "wall s", "{:.1f}"),
@@ -35,9 +36,18 @@ COLUMNS: list[tuple[str, str, str]] = [
 ]
 
 
+VARIANT_RUNS = [
+    ("power_mh", "serial", 1), ("power_mh", "predictive", 8),
+    ("entropy_cut", "serial", 1), ("entropy_cut", "predictive", 8),
+    ("multi_try", "serial", 1), ("multi_try", "predictive", 12),
+]
+NUM_TRIES = 3
+
+
 def run_real_bench(
     prompts_path: str | Path,
     budgets: Sequence[int] = (4, 8, 16),
+    runs: Sequence[tuple[str, str, int]] | None = None,
     mh_steps: int = 20,
     block_size: int = 48,
     seed: int = 0,
@@ -46,22 +56,24 @@ def run_real_bench(
     out_png: str | Path | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> dict:
+    """Each run is (sampler, traversal, budget); by default PowerMH serial, bfs and predictive."""
     items = read_prompts(prompts_path)
-    runs = [("serial", 1)] + [(t, b) for b in budgets for t in ("bfs", "predictive")]
+    runs = list(runs or [("power_mh", "serial", 1)] + [("power_mh", t, b) for b in budgets for t in ("bfs", "predictive")])
     engine = VLLMEngine(engine_config)
     try:
         prompts = [encode_prompt(engine.tokenizer, item) for item in items]
         base = SamplerConfig(block_size=block_size, mh_steps=mh_steps, num_blocks=1)
-        per_run: dict[tuple[str, int], list] = {run: [] for run in runs}
+        per_run: dict[tuple[str, str, int], list] = {run: [] for run in runs}
         for p, item in enumerate(items):
-            for traversal, budget in runs:
-                config = base.model_copy(update={"traversal": traversal, "prefetch_budget": budget, "seed": seed + p})
-                results, accounting = sample_many(engine, [prompts[p]], [config])
-                per_run[(traversal, budget)].append((results[0], accounting))
+            for sampler, traversal, budget in runs:
+                update = {"sampler": sampler, "traversal": traversal, "prefetch_budget": budget, "seed": seed + p}
+                if sampler == "multi_try":
+                    update["num_tries"] = NUM_TRIES
+                results, accounting = sample_many(engine, [prompts[p]], [base.model_copy(update=update)])
+                per_run[(sampler, traversal, budget)].append((results[0], accounting))
                 if progress:
-                    progress(f"{item.id} {traversal} N_pf={budget}: {accounting.calls} calls, {accounting.wall_time_s:.1f} s")
-        serial = per_run[("serial", 1)]
-        rows = [_row(traversal, budget, per_run[(traversal, budget)], serial) for traversal, budget in runs]
+                    progress(f"{item.id} {sampler} {traversal} N_pf={budget}: {accounting.calls} calls, {accounting.wall_time_s:.1f} s")
+        rows = [_row(*run, per_run[run], per_run[(run[0], "serial", 1)]) for run in runs]
         report = {
             "timestamp": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "config": {
@@ -70,7 +82,8 @@ def run_real_bench(
                 "model_dir": engine.model_dir,
                 "engine_startup_s": round(engine.startup_time_s, 1),
                 "prompts": [item.id for item in items],
-                "sampler": base.model_dump(exclude={"traversal", "prefetch_budget", "seed"}),
+                "sampler": base.model_dump(exclude={"traversal", "prefetch_budget", "seed", "sampler", "num_tries"}),
+                "multi_try_num_tries": NUM_TRIES,
                 "seeds": "seed + prompt index",
             },
             "rows": rows,
@@ -84,7 +97,7 @@ def run_real_bench(
     return report
 
 
-def _row(traversal: str, budget: int, runs: list, serial: list) -> dict:
+def _row(sampler: str, traversal: str, budget: int, runs: list, serial: list) -> dict:
     def total(of, field):
         return sum(getattr(acc, field) for _, acc in of)
 
@@ -94,6 +107,7 @@ def _row(traversal: str, budget: int, runs: list, serial: list) -> dict:
     calls, wall = total(runs, "calls"), total(runs, "wall_time_s")
     transitions = stat(runs, "transitions")
     return {
+        "sampler": sampler,
         "traversal": traversal,
         "budget": budget,
         "wall_time_s": wall,
@@ -115,7 +129,9 @@ def plot(report: dict, path: str | Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = report["rows"]
+    rows = [r for r in report["rows"] if r["sampler"] == "power_mh"]
+    if not any(r["traversal"] == "bfs" for r in rows):
+        return  # a variants run has no budget sweep to plot
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     for traversal, marker in (("bfs", "o"), ("predictive", "s")):
         picked = [r for r in rows if r["traversal"] == traversal]

@@ -108,11 +108,12 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_bench_real(args: argparse.Namespace) -> int:
-    from presto_ray.bench_real import format_real_table, run_real_bench
+    from presto_ray.bench_real import VARIANT_RUNS, format_real_table, run_real_bench
 
     report = run_real_bench(
         args.prompts,
         budgets=tuple(int(b) for b in args.budgets.split(",")),
+        runs=VARIANT_RUNS if args.variants else None,
         mh_steps=args.mh_steps,
         block_size=args.block_size,
         out_json=args.out,
@@ -158,6 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--block-size", type=int, default=48)
     r.add_argument("--out", default="bench/results/vllm_cpu.json")
     r.add_argument("--png", default="bench/results/vllm_cpu.png")
+    r.add_argument("--variants", action="store_true", help="PowerMH, EntropyCut and MultiTryMH: serial vs predictive")
     r.set_defaults(func=cmd_bench_real)
     return parser
 
