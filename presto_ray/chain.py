@@ -10,7 +10,7 @@ Serial PowerMH is this machine with one request per round. Every random choice i
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Sequence
 
 from presto_ray.config import SamplerConfig
@@ -52,16 +52,6 @@ class EdgeRecord:
     horizon: int
     log_ratio: float
     accepted: bool
-
-
-class _Length:
-    """Stands in for a state of a given length where a cut law needs only len()."""
-
-    def __init__(self, length: int) -> None:
-        self._length = length
-
-    def __len__(self) -> int:
-        return self._length
 
 
 class Chain:
@@ -141,7 +131,7 @@ class Chain:
             if length > len(self.state):
                 return None
             return cut_law.draw_from_entropy(u, self.state.entropy[:length])
-        return cut_law.draw(u, _Length(length))
+        return cut_law.draw_for_length(u, length)
 
     def _requests(self, key: RequestKey) -> list[ProposalRequest]:
         event = self.schedule.event(key[0])

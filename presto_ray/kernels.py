@@ -26,7 +26,11 @@ class UniformCut:
     needs_entropy = False
 
     def draw(self, u: float, state: ChainState) -> int:
-        return math.floor(u * len(state))
+        return self.draw_for_length(u, len(state))
+
+    @staticmethod
+    def draw_for_length(u: float, length: int) -> int:
+        return math.floor(u * length)
 
     def log_prob(self, cut: int, state: ChainState) -> float:
         return -math.log(len(state))

@@ -1,7 +1,5 @@
 """The main job end to end: the real console script, real files, real Parquet."""
 
-import json
-import os
 import subprocess
 import sys
 from pathlib import Path

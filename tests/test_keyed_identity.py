@@ -62,17 +62,16 @@ def test_every_traversal_walks_the_serial_chain(config_kwargs, engine_kwargs, pr
 
 def test_prefetching_saves_most_calls_on_peaked_models():
     engine = ToyEngine(vocab_size=64, eos_token_id=0, seed=1, logit_scale=4.0, eos_bias=-3.0)
-    calls = {}
-    for traversal in ("serial", "bfs", "predictive"):
-        results = [
+    results = {
+        traversal: [
             sample(engine, [5, 6, seed], SamplerConfig(block_size=32, mh_steps=40, prefetch_budget=8, seed=seed, traversal=traversal))
             for seed in range(6)
         ]
-        calls[traversal] = sum(r.stats.model_calls for r in results)
-        if traversal != "serial":
-            assert [r.token_ids for r in results] == serial_tokens
-        else:
-            serial_tokens = [r.token_ids for r in results]
+        for traversal in ("serial", "bfs", "predictive")
+    }
+    tokens = {t: [r.token_ids for r in rs] for t, rs in results.items()}
+    assert tokens["bfs"] == tokens["serial"] and tokens["predictive"] == tokens["serial"]
+    calls = {t: sum(r.stats.model_calls for r in rs) for t, rs in results.items()}
     assert calls["bfs"] < 0.5 * calls["serial"], calls
     assert calls["predictive"] < 0.5 * calls["serial"], calls
 
