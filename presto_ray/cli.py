@@ -120,7 +120,7 @@ def cmd_bench_real(args: argparse.Namespace) -> int:
         progress=lambda msg: print(msg, file=sys.stderr, flush=True),
     )
     print(format_real_table(report))
-    print(f"wrote {args.out} and {args.png}")
+    print(f"wrote {args.out}" + (f" and {args.png}" if Path(args.png).exists() else ""))
     return 0
 
 
