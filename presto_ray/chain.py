@@ -3,7 +3,7 @@
     requests = chain.plan()          # the proposal requests of the next round
     chain.advance(completions)       # walk the realized path with the results (same order)
 
-Serial PowerMH is this machine with one request per round. Every random choice is keyed by
+Serial PowerMH is this machine with one step per round (one request; MultiTryMH: one per try). Every random choice is keyed by
 (seed, step), so any traversal, batch or driver gives the serial chain's exact trajectory.
 """
 

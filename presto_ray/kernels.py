@@ -104,15 +104,18 @@ class PowerMHKernel:
         return self.alpha * logp0_sum - logq_sum
 
     def log_accept_ratio(self, state: ChainState, cut: int, proposal: Completion) -> float:
-        candidate = state.replace_suffix(cut, proposal)
+        return self._log_ratio(state, cut, proposal, state.replace_suffix(cut, proposal))
+
+    def _log_ratio(self, state: ChainState, cut: int, proposal: Completion, candidate: ChainState) -> float:
         forward = self.log_weight(float(proposal.logp0.sum()), float(proposal.logq.sum()))
         backward = self.log_weight(state.suffix_logp0(cut), state.suffix_logq(cut))
         return forward - backward + self.cut_correction(state, cut, candidate)
 
     def transition(self, state: ChainState, cut: int, proposals: Sequence[Completion], keys) -> Transition:
-        log_ratio = self.log_accept_ratio(state, cut, proposals[0])
+        candidate = state.replace_suffix(cut, proposals[0])
+        log_ratio = self._log_ratio(state, cut, proposals[0], candidate)
         accepted = math.log(keys.accept_uniform) < log_ratio
-        return Transition(state.replace_suffix(cut, proposals[0]) if accepted else state, log_ratio, accepted)
+        return Transition(candidate if accepted else state, log_ratio, accepted)
 
 
 class MultiTryKernel(PowerMHKernel):

@@ -96,13 +96,17 @@ def _entropies(flat, offset: int, count: int) -> np.ndarray:
     """Entropy of p0 at `count` positions from whole-vocabulary flat prompt logprobs.
 
     Each position lists the prompt token first and then every vocabulary entry, so the prompt
-    token appears twice: keep the first occurrence of each id.
+    token appears twice: keep the first occurrence of each id. Only the completion's positions
+    are converted (the prompt's are as long and unused).
     """
-    token_ids = np.asarray(flat.token_ids)
-    logprobs = np.asarray(flat.logprobs, dtype=np.float64)
+    if count == 0:
+        return np.zeros(0)
+    begin, end = flat.start_indices[offset], flat.end_indices[offset + count - 1]
+    token_ids = np.asarray(flat.token_ids[begin:end])
+    logprobs = np.asarray(flat.logprobs[begin:end], dtype=np.float64)
     out = np.empty(count)
     for i in range(count):
-        a, b = flat.start_indices[offset + i], flat.end_indices[offset + i]
+        a, b = flat.start_indices[offset + i] - begin, flat.end_indices[offset + i] - begin
         _, first = np.unique(token_ids[a:b], return_index=True)
         lp = logprobs[a:b][first]
         out[i] = float(-(np.exp(lp) * lp).sum())
