@@ -51,6 +51,11 @@ def cmd_sample(args: argparse.Namespace) -> int:
     except PromptFileError as e:
         return _fail(str(e))
 
+    if args.ray:
+        return _sample_on_ray(args, items, config)
+    if args.address:
+        return _fail("--address needs --ray")
+    args.out = args.out or "out/samples.parquet"
     try:
         engine = build_engine(config.engine)
     except ModelProvisionError as e:
@@ -65,11 +70,49 @@ def cmd_sample(args: argparse.Namespace) -> int:
             engine.shutdown()
     write_parquet_atomic(summary.rows, args.out)
     print(f"wrote {len(summary.rows)} samples to {args.out}")
+    _print_summary(summary, args.show)
+    return 0
+
+
+def _print_summary(summary, show: int) -> None:
     for line in summary.lines():
         print(line)
-    if args.show:
-        for row in summary.rows[: args.show]:
-            print(f"- {row['prompt_id']}#{row['chain']}: {row['text'][:100]!r}")
+    for row in summary.rows[:show]:
+        print(f"- {row['prompt_id']}#{row['chain']}: {row['text'][:100]!r}")
+
+
+def _sample_on_ray(args: argparse.Namespace, items, config) -> int:
+    """The same job on Ray: shards in a folder, resumable (see deployments/batch_job.py)."""
+    try:
+        from deployments.batch_job import run_ray_job
+    except ImportError as e:
+        return _fail(f"--ray needs Ray: pip install 'presto-ray[ray]' ({e})")
+    from presto_ray.models import ModelProvisionError
+    from presto_ray.progress import Progress
+
+    out = args.out or "out/samples"
+    progress: list[Progress] = []
+
+    def on_start(pending: int, skipped: int) -> None:
+        if skipped:
+            print(f"resuming: {skipped} (prompt, chain) pairs already in {out}, {pending} to sample", file=sys.stderr)
+        progress.append(Progress(pending, enabled=not args.quiet))
+
+    try:
+        summary = run_ray_job(
+            items,
+            config,
+            out,
+            address=args.address,
+            on_start=on_start,
+            on_sample=lambda row: progress[0].update(f"{row['prompt_id']}#{row['chain']}"),
+        )
+    except ModelProvisionError as e:
+        return _fail(str(e))
+    except ValueError as e:  # e.g. the output folder holds another configuration's samples
+        return _fail(str(e))
+    print(f"wrote {len(summary.rows)} samples to {out}/ ({summary.skipped + summary.samples} in all)")
+    _print_summary(summary, args.show)
     return 0
 
 
@@ -130,12 +173,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("sample", help="sample prompts and write Parquet (the main job)")
     s.add_argument("--prompts", default=str(EXAMPLES), help="JSONL or Parquet with id and prompt/messages")
-    s.add_argument("--out", default="out/samples.parquet", help="Parquet output path")
+    s.add_argument(
+        "--out", default=None, help="Parquet output: a file (default out/samples.parquet); with --ray a folder of shards (default out/samples)"
+    )
     s.add_argument("--config", default=None, help="YAML job config (engine, sampler, chains_per_prompt)")
     s.add_argument("--chains", type=int, default=None, help="chains per prompt (overrides the config)")
     s.add_argument("--seed", type=int, default=None, help="job seed (overrides the config)")
     s.add_argument("--show", type=int, default=4, help="print this many sampled texts")
     s.add_argument("--quiet", action="store_true", help="no progress bar")
+    s.add_argument("--ray", action="store_true", help="run on Ray: engine replicas, a batching coordinator, chain actors")
+    s.add_argument("--address", default=None, help="Ray cluster address (default: RAY_ADDRESS, else a local Ray)")
     s.set_defaults(func=cmd_sample)
 
     m = sub.add_parser("model", help="prepare the packaged SmolLM2-135M-Instruct (offline) and print its folder")

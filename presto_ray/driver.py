@@ -3,41 +3,45 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from presto_ray.chain import Chain
 from presto_ray.config import SamplerConfig
-from presto_ray.engines.base import CallAccounting, Engine
+from presto_ray.engines.base import CallAccounting, Completion, Engine, ProposalRequest
 from presto_ray.kernels import PowerMHKernel
 from presto_ray.results import SampleResult, SampleStats
 
 
-@dataclass
-class _Running:
-    index: int
-    chain: Chain
-    started: float
-    prompt_tokens: int = 0
-    cached_prompt_tokens: int = 0
+class ChainRun:
+    """One running chain plus what its calls cost: the bookkeeping every driver shares."""
 
+    def __init__(self, chain: Chain) -> None:
+        self.chain = chain
+        self.started = time.perf_counter()
+        self.prompt_tokens = 0
+        self.cached_prompt_tokens = 0
 
-def _result(run: _Running) -> SampleResult:
-    s = run.chain.stats
-    stats = SampleStats(
-        model_calls=s.rounds,
-        transitions=s.transitions,
-        accepted=s.accepted,
-        requests=s.requests,
-        requests_used=s.requests_used,
-        generated_tokens=s.generated_tokens,
-        extensions=s.extensions,
-        certain_edges=s.certain_edges,
-        prompt_tokens=run.prompt_tokens,
-        cached_prompt_tokens=run.cached_prompt_tokens,
-        wall_time_s=time.perf_counter() - run.started,
-    )
-    return SampleResult(run.chain.output_token_ids, stats)
+    def advance(self, plan: Sequence[ProposalRequest], completions: Sequence[Completion]) -> None:
+        self.prompt_tokens += sum(len(r.context_token_ids) for r in plan)
+        self.cached_prompt_tokens += sum(c.cached_prompt_tokens for c in completions)
+        self.chain.advance(completions)
+
+    def result(self) -> SampleResult:
+        s = self.chain.stats
+        stats = SampleStats(
+            model_calls=s.rounds,
+            transitions=s.transitions,
+            accepted=s.accepted,
+            requests=s.requests,
+            requests_used=s.requests_used,
+            generated_tokens=s.generated_tokens,
+            extensions=s.extensions,
+            certain_edges=s.certain_edges,
+            prompt_tokens=self.prompt_tokens,
+            cached_prompt_tokens=self.cached_prompt_tokens,
+            wall_time_s=time.perf_counter() - self.started,
+        )
+        return SampleResult(self.chain.output_token_ids, stats)
 
 
 def sample_many(
@@ -58,41 +62,39 @@ def sample_many(
         raise ValueError("one config per prompt")
     limit = max_active_chains or len(prompts)
     pending = list(range(len(prompts)))[::-1]
-    active: list[_Running] = []
+    active: list[tuple[int, ChainRun]] = []
     results: list[SampleResult | None] = [None] * len(prompts)
     total = CallAccounting()
 
-    def finish(run: _Running) -> None:
-        results[run.index] = _result(run)
+    def finish(index: int, run: ChainRun) -> None:
+        results[index] = run.result()
         if on_result:
-            on_result(run.index, results[run.index])
+            on_result(index, results[index])
 
     while pending or active:
         while pending and len(active) < limit:
             i = pending.pop()
             kernel = kernel_factory(configs[i]) if kernel_factory else None
-            run = _Running(i, Chain(prompts[i], configs[i], engine.eos_token_id, kernel=kernel), time.perf_counter())
+            run = ChainRun(Chain(prompts[i], configs[i], engine.eos_token_id, kernel=kernel))
             if run.chain.done:  # e.g. mh_steps == 0 and nothing to extend
-                finish(run)
+                finish(i, run)
             else:
-                active.append(run)
+                active.append((i, run))
         if not active:
             continue
-        plans = [run.chain.plan() for run in active]
+        plans = [run.chain.plan() for _, run in active]
         output = engine.generate([request for plan in plans for request in plan])
         total.add(output.accounting)
         offset = 0
         still_active = []
-        for run, plan in zip(active, plans):
+        for (i, run), plan in zip(active, plans):
             completions = output.completions[offset : offset + len(plan)]
             offset += len(plan)
-            run.prompt_tokens += sum(len(r.context_token_ids) for r in plan)
-            run.cached_prompt_tokens += sum(c.cached_prompt_tokens for c in completions)
-            run.chain.advance(completions)
+            run.advance(plan, completions)
             if run.chain.done:
-                finish(run)
+                finish(i, run)
             else:
-                still_active.append(run)
+                still_active.append((i, run))
         active = still_active
     return results, total
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 import os
 import tempfile
 from contextlib import contextmanager
@@ -58,3 +59,61 @@ def write_parquet_atomic(rows: list[dict], path: str | Path, schema: pa.Schema =
 def write_json_atomic(data: dict, path: str | Path) -> None:
     with atomic_path(path) as tmp:
         tmp.write_text(json.dumps(data, indent=2) + "\n")
+
+
+class ShardedParquet:
+    """A folder of Parquet shards (`part-<run>-<n>.parquet`), each written atomically.
+
+    A crash loses at most the rows not yet flushed; `finished()` tells a rerun which
+    (prompt_id, chain) pairs are already on disk. pyarrow and pandas read the folder as one table.
+    """
+
+    def __init__(self, directory: str | Path, shard_rows: int = 256, interval_s: float = 30.0) -> None:
+        self.directory = Path(directory)
+        if self.directory.exists() and not self.directory.is_dir():
+            raise ValueError(f"{self.directory} is a file; sharded output needs a folder")
+        self.shard_rows, self.interval_s = shard_rows, interval_s
+        self._run = f"{time.time_ns():x}"
+        self._count = 0
+        self._rows: list[dict] = []
+        self._last_flush = time.monotonic()
+        self.rows_written = 0
+
+    def shards(self) -> list[Path]:
+        return sorted(self.directory.glob("part-*.parquet")) if self.directory.is_dir() else []
+
+    def finished(self, config_json: str) -> set[tuple[str, int]]:
+        """The pairs already written; refuses shards written with another sampler config."""
+        done: set[tuple[str, int]] = set()
+        for shard in self.shards():
+            table = pq.read_table(shard, columns=["prompt_id", "chain", "config"])
+            if table.num_rows and set(table.column("config").to_pylist()) != {config_json}:
+                raise ValueError(
+                    f"{shard} holds samples drawn with another sampler configuration; "
+                    "write to a new output folder or remove it"
+                )
+            done.update(zip(table.column("prompt_id").to_pylist(), table.column("chain").to_pylist()))
+        return done
+
+    def add(self, row: dict) -> None:
+        self._rows.append(row)
+        if len(self._rows) >= self.shard_rows or time.monotonic() - self._last_flush >= self.interval_s:
+            self.flush()
+
+    def flush(self) -> None:
+        self._last_flush = time.monotonic()
+        if not self._rows:
+            return
+        write_parquet_atomic(self._rows, self.directory / f"part-{self._run}-{self._count:05d}.parquet")
+        self._count += 1
+        self.rows_written += len(self._rows)
+        self._rows = []
+
+
+def read_samples(path: str | Path) -> pa.Table:
+    """A sample file or a folder of shards, as one table."""
+    path = Path(path)
+    if path.is_dir():
+        shards = sorted(path.glob("part-*.parquet"))
+        return pa.concat_tables([pq.read_table(s) for s in shards]) if shards else SAMPLE_SCHEMA.empty_table()
+    return pq.read_table(path)

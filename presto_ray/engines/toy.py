@@ -38,6 +38,9 @@ class ToyEngine:
         eos_bias: added to the EOS logit before scaling (negative: longer answers).
         context_rows: rows of the context table indexed by the rolling hash.
         cache_block_size: granularity of the simulated prefix cache used for accounting.
+        call_latency_s, token_latency_s: a latency model for benchmarks: each call sleeps
+            call_latency_s plus token_latency_s per generated token (a GPU's fixed cost per call
+            and its decode cost), so batching and coordination overheads can be measured.
     """
 
     def __init__(
@@ -51,6 +54,8 @@ class ToyEngine:
         context_rows: int = 4096,
         cache_block_size: int = 16,
         cache_capacity_blocks: int = 200_000,
+        call_latency_s: float = 0.0,
+        token_latency_s: float = 0.0,
     ) -> None:
         if vocab_size < 2:
             raise ValueError("vocab_size must be at least 2")
@@ -68,6 +73,8 @@ class ToyEngine:
         self._cache_capacity = cache_capacity_blocks
         self._cache: OrderedDict[int, None] = OrderedDict()
         self.tokenizer = ToyTokenizer(vocab_size, eos_token_id)
+        self.call_latency_s = float(call_latency_s)
+        self.token_latency_s = float(token_latency_s)
 
     # --- exact probabilities -------------------------------------------------------------
     @staticmethod
@@ -136,6 +143,9 @@ class ToyEngine:
             accounting.generated_tokens += len(completion.token_ids)
             self._remember(context + completion.token_ids)
             completions.append(completion)
+        delay = self.call_latency_s + self.token_latency_s * accounting.generated_tokens
+        if delay > 0:
+            time.sleep(delay)
         accounting.wall_time_s = time.perf_counter() - start
         return EngineOutput(completions, accounting)
 

@@ -113,17 +113,35 @@ def _entropies(flat, offset: int, count: int) -> np.ndarray:
     return out
 
 
+def resolve_model_dir(config: VLLMEngineConfig):
+    """The model folder `config` names, or the packaged SmolLM2 (converted on first use)."""
+    from presto_ray.models import check_model_dir, prepare_smollm2
+
+    return check_model_dir(config.model) if config.model else prepare_smollm2()
+
+
+def load_tokenizer(config: VLLMEngineConfig) -> HFTokenizer:
+    """The engine's tokenizer without starting vLLM (drivers encode prompts and decode samples)."""
+    from transformers import AutoTokenizer
+
+    from presto_ray.models import set_offline_environment
+
+    set_offline_environment()
+    tokenizer = AutoTokenizer.from_pretrained(str(resolve_model_dir(config)))
+    return HFTokenizer(tokenizer, config.chat_template_for_prompts)
+
+
 class VLLMEngine:
     """One vLLM AsyncLLM on a private event-loop thread; `generate` is the engine protocol."""
 
     def __init__(self, config: VLLMEngineConfig | None = None) -> None:
-        from presto_ray.models import check_model_dir, prepare_smollm2, set_offline_environment
+        from presto_ray.models import set_offline_environment
 
         self.config = config = config or VLLMEngineConfig()
         set_offline_environment()
         _set_cpu_environment(config)
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # vLLM's INFO lines drown the progress bar
-        self.model_dir = str(check_model_dir(config.model) if config.model else prepare_smollm2())
+        self.model_dir = str(resolve_model_dir(config))
         self._ids = itertools.count()
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="vllm-engine-loop", daemon=True)

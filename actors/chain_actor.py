@@ -1,0 +1,64 @@
+"""Chain actors: each runs many chains as coroutines, every round through the coordinator."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import ray
+
+from presto_ray.chain import Chain
+from presto_ray.config import SamplerConfig
+from presto_ray.driver import ChainRun
+from presto_ray.results import SampleResult
+
+
+@dataclass(frozen=True)
+class ChainWork:
+    """One (prompt, chain) pair: everything its sample depends on."""
+
+    chain_id: tuple[str, int]  # (prompt id, chain index)
+    prompt_token_ids: tuple[int, ...]
+    config: SamplerConfig  # its seed is the chain's own
+
+
+class ChainActor:
+    """Drives `Chain` (plan, submit, advance) and nothing else.
+
+    Its randomness is keyed inside the chain, so a chain re-run after this actor dies draws the
+    same sample: the job driver simply submits the same `ChainWork` again.
+    """
+
+    def __init__(self, coordinator, eos_token_id: int | None) -> None:
+        self.coordinator = coordinator
+        self.eos_token_id = eos_token_id
+
+    def ready(self) -> bool:
+        return True
+
+    async def run(self, work: ChainWork) -> SampleResult:
+        run = ChainRun(Chain(work.prompt_token_ids, work.config, self.eos_token_id))
+        reported = 0
+        try:
+            while not run.chain.done:
+                plan = run.chain.plan()
+                done = run.chain.stats.transitions
+                completions = await self.coordinator.submit.remote(work.chain_id, plan, done - reported)
+                reported = done
+                run.advance(plan, completions)
+        finally:
+            await self.coordinator.chain_finished.remote(work.chain_id, run.chain.stats.transitions - reported)
+        return run.result()
+
+
+def start_chain_actors(coordinator, eos_token_id: int | None, settings, chains_per_actor: int) -> list:
+    remote = ray.remote(ChainActor)
+    actors = [
+        remote.options(
+            num_cpus=settings.chain_actor_num_cpus,
+            max_restarts=settings.chain_max_restarts,
+            max_concurrency=max(1, chains_per_actor),
+        ).remote(coordinator, eos_token_id)
+        for _ in range(settings.chain_actors)
+    ]
+    ray.get([a.ready.remote() for a in actors])
+    return actors

@@ -1,0 +1,269 @@
+"""The batching coordinator: one async actor between every chain and every engine replica.
+
+Chains `submit` the requests of their next round and await the completions. The coordinator
+  - deduplicates: identical requests (same prompt, prefix, key and length) are computed once,
+    whichever chains asked for them, including requests already in flight;
+  - routes: a prompt's requests go to the replica that rendezvous hashing picks for its first
+    `affinity_tokens` tokens, so chains of one prompt share that replica's prefix cache, unless
+    that replica's queue is `affinity_slack` requests longer than the idlest one's;
+  - batches: a replica's queue is dispatched as one call once every active chain has planned
+    (all are waiting on completions), or once its oldest request has waited `batch_window_s`,
+    or once it holds `max_requests_per_call`; at most `max_inflight_calls` calls run per replica,
+    so requests that arrive during a call merge into the next one;
+  - survives replicas: when a call fails because its replica died, the call's requests go to
+    another healthy replica (or wait for the restarted one); a probe puts the replica back.
+Completions are deterministic functions of their requests, so none of this changes a sample.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import zlib
+from collections import deque
+from dataclasses import dataclass
+
+from ray.exceptions import RayActorError
+
+from actors.metrics import CoordinatorMetrics
+from presto_ray.engines.base import Completion, ProposalRequest
+
+# How long a dead replica may take to come back (a vLLM replica restarts in ~30-60 s on CPUs).
+REPLICA_RESTART_TIMEOUT_S = 300.0
+
+
+@dataclass
+class _Queued:
+    request: ProposalRequest
+    future: asyncio.Future
+    enqueued: float
+    attempts: int = 0
+
+
+@dataclass
+class CoordinatorStats:
+    calls: int = 0
+    requests: int = 0  # distinct requests sent to replicas (retries included)
+    submitted_requests: int = 0  # requests chains asked for
+    deduplicated: int = 0  # asked-for requests served by another chain's identical request
+    prompt_tokens: int = 0
+    cached_prompt_tokens: int = 0
+    generated_tokens: int = 0
+    scoring_tokens: int = 0
+    engine_time_s: float = 0.0
+    transitions: int = 0
+    chains_finished: int = 0
+    replica_failures: int = 0  # calls lost to a dead replica (their requests were re-sent)
+    resent_requests: int = 0
+    max_queue_depth: int = 0
+    max_requests_per_call: int = 0
+    affinity_misses: int = 0  # requests sent away from their prompt's preferred replica
+
+
+class Coordinator:
+    def __init__(self, replicas: list, settings) -> None:
+        self.replicas = list(replicas)
+        self.settings = settings
+        n = len(self.replicas)
+        self.healthy = [True] * n
+        self.queues: list[deque[_Queued]] = [deque() for _ in range(n)]
+        self.inflight_calls = [0] * n
+        self.inflight_requests = [0] * n
+        self.calls_per_replica = [0] * n
+        self.pending: dict[ProposalRequest, asyncio.Future] = {}
+        self.active_chains: set = set()
+        self.waiting: dict[object, int] = {}
+        self.stats = CoordinatorStats()
+        self.metrics = CoordinatorMetrics()
+        self._wake: asyncio.Event | None = None
+        self._dispatcher: asyncio.Task | None = None
+
+    # --- what chains call ----------------------------------------------------------------
+    async def submit(self, chain_id, requests: list[ProposalRequest], transitions: int = 0) -> list[Completion]:
+        """Completions for `requests`, in order; `transitions`: steps the chain finished since its last call."""
+        self._start()
+        self.active_chains.add(chain_id)
+        self._count_transitions(transitions)
+        loop = asyncio.get_running_loop()
+        futures = []
+        for request in requests:
+            future = self.pending.get(request)
+            if future is None:
+                future = self.pending[request] = loop.create_future()
+                self._enqueue(_Queued(request, future, time.monotonic()))
+            else:
+                self.stats.deduplicated += 1
+            futures.append(future)
+        self.stats.submitted_requests += len(requests)
+        self.waiting[chain_id] = self.waiting.get(chain_id, 0) + 1
+        self._wake.set()
+        try:
+            # shield: one chain giving up must not cancel a result other chains share
+            return list(await asyncio.gather(*(asyncio.shield(f) for f in futures)))
+        finally:
+            self.waiting[chain_id] -= 1
+            if not self.waiting[chain_id]:
+                del self.waiting[chain_id]
+
+    def chain_finished(self, chain_id, transitions: int = 0) -> None:
+        self.active_chains.discard(chain_id)
+        self.stats.chains_finished += 1
+        self._count_transitions(transitions)
+        self.metrics.chains_active.set(len(self.active_chains))
+        if self._wake is not None:
+            self._wake.set()  # the remaining chains may now all be waiting
+
+    def get_stats(self) -> dict:
+        s = self.stats
+        out = dict(vars(s))
+        out["requests_per_call"] = s.requests / s.calls if s.calls else 0.0
+        out["transitions_per_call"] = s.transitions / s.calls if s.calls else 0.0
+        out["cached_token_share"] = s.cached_prompt_tokens / s.prompt_tokens if s.prompt_tokens else 0.0
+        out["calls_per_replica"] = list(self.calls_per_replica)
+        out["healthy"] = list(self.healthy)
+        out["inflight_calls"] = sum(self.inflight_calls)
+        out["queue_depth"] = sum(len(q) for q in self.queues)
+        out["chains_active"] = len(self.active_chains)
+        return out
+
+    # --- routing -------------------------------------------------------------------------
+    def _preferred(self, request: ProposalRequest, candidates: list[int]) -> int:
+        head = ",".join(map(str, request.prompt_token_ids[: self.settings.affinity_tokens])).encode()
+        key = zlib.crc32(head)
+        return max(candidates, key=lambda i: zlib.crc32(f"{key}:{i}".encode()))  # rendezvous hashing
+
+    def _load(self, i: int) -> int:
+        return len(self.queues[i]) + self.inflight_requests[i]
+
+    def _enqueue(self, item: _Queued, avoid: int | None = None) -> None:
+        everyone = list(range(len(self.replicas)))
+        candidates = [i for i in everyone if self.healthy[i] and i != avoid] or [
+            i for i in everyone if self.healthy[i]
+        ] or everyone
+        preferred = self._preferred(item.request, candidates)
+        idlest = min(candidates, key=self._load)
+        target = preferred
+        if self._load(preferred) > self._load(idlest) + self.settings.affinity_slack:
+            target = idlest
+        if target != self._preferred(item.request, everyone):
+            self.stats.affinity_misses += 1
+        self.queues[target].append(item)
+        depth = sum(len(q) for q in self.queues)
+        self.stats.max_queue_depth = max(self.stats.max_queue_depth, depth)
+        self.metrics.queue_depth.set(depth)
+
+    # --- batching ------------------------------------------------------------------------
+    def _start(self) -> None:
+        if self._dispatcher is None:
+            self._wake = asyncio.Event()
+            self._dispatcher = asyncio.get_running_loop().create_task(self._dispatch_loop())
+
+    def _all_planned(self) -> bool:
+        return all(chain in self.waiting for chain in self.active_chains)
+
+    async def _dispatch_loop(self) -> None:
+        window = self.settings.batch_window_s
+        while True:
+            oldest = [q[0].enqueued for i, q in enumerate(self.queues) if q and self.healthy[i]]
+            timeout = max(0.0, min(oldest) + window - time.monotonic()) if oldest else None
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout)
+            except asyncio.TimeoutError:
+                pass
+            self._wake.clear()
+            self._dispatch_ready(time.monotonic())
+
+    def _dispatch_ready(self, now: float) -> None:
+        s = self.settings
+        all_planned = self._all_planned()
+        for i, queue in enumerate(self.queues):
+            while (
+                queue
+                and self.healthy[i]
+                and self.inflight_calls[i] < s.max_inflight_calls
+                and (all_planned or len(queue) >= s.max_requests_per_call or now - queue[0].enqueued >= s.batch_window_s)
+            ):
+                batch = [queue.popleft() for _ in range(min(len(queue), s.max_requests_per_call))]
+                self.inflight_calls[i] += 1
+                self.inflight_requests[i] += len(batch)
+                asyncio.get_running_loop().create_task(self._call(i, batch))
+        self.metrics.queue_depth.set(sum(len(q) for q in self.queues))
+
+    async def _call(self, i: int, batch: list[_Queued]) -> None:
+        try:
+            output = await self.replicas[i].generate.remote([item.request for item in batch])
+        except RayActorError:
+            self._replica_failed(i, batch)
+        except Exception as error:  # the engine refused the requests (e.g. over its context): the chains fail
+            for item in batch:
+                self._settle(item, error=error)
+        else:
+            self._record_call(i, len(batch), output.accounting)
+            for item, completion in zip(batch, output.completions):
+                self._settle(item, completion)
+        finally:
+            self.inflight_calls[i] -= 1
+            self.inflight_requests[i] -= len(batch)
+            self._wake.set()
+
+    def _settle(self, item: _Queued, completion: Completion | None = None, error: BaseException | None = None) -> None:
+        self.pending.pop(item.request, None)
+        if item.future.done():
+            return
+        if error is not None:
+            item.future.set_exception(error)
+        else:
+            item.future.set_result(completion)
+
+    def _record_call(self, i: int, size: int, accounting) -> None:
+        s = self.stats
+        s.calls += 1
+        s.requests += size
+        s.prompt_tokens += accounting.prompt_tokens
+        s.cached_prompt_tokens += accounting.cached_prompt_tokens
+        s.generated_tokens += accounting.generated_tokens
+        s.scoring_tokens += accounting.scoring_tokens
+        s.engine_time_s += accounting.wall_time_s
+        s.max_requests_per_call = max(s.max_requests_per_call, size)
+        self.calls_per_replica[i] += 1
+        self.metrics.record_call(i, size, accounting, s)
+
+    def _count_transitions(self, transitions: int) -> None:
+        if transitions:
+            self.stats.transitions += transitions
+            self.metrics.record_transitions(transitions, self.stats)
+
+    # --- replica failures ----------------------------------------------------------------
+    def _replica_failed(self, i: int, batch: list[_Queued]) -> None:
+        self.stats.replica_failures += 1
+        self.metrics.replica_failures.inc()
+        if self.healthy[i]:
+            self.healthy[i] = False
+            asyncio.get_running_loop().create_task(self._probe(i))
+        stranded = list(self.queues[i])
+        self.queues[i].clear()
+        for item in batch:
+            item.attempts += 1
+        for item in batch + stranded:
+            if item.attempts >= self.settings.max_call_attempts:
+                self._settle(item, error=RuntimeError(f"request failed on {item.attempts} dying replicas"))
+            else:
+                self.stats.resent_requests += 1
+                self._enqueue(item, avoid=i)
+
+    async def _probe(self, i: int) -> None:
+        """Wait for Ray to restart replica i; then send it work again (or fail what waits for it)."""
+        deadline = time.monotonic() + REPLICA_RESTART_TIMEOUT_S
+        while time.monotonic() < deadline:
+            try:
+                await self.replicas[i].ready.remote()
+            except RayActorError:
+                await asyncio.sleep(0.5)
+                continue
+            self.healthy[i] = True
+            self._wake.set()
+            return
+        if not any(self.healthy):  # nobody left to serve the queue: fail it rather than hang
+            for queue in self.queues:
+                while queue:
+                    self._settle(queue.popleft(), error=RuntimeError("every engine replica died"))

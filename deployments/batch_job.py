@@ -1,0 +1,153 @@
+"""The batch job on Ray: prompts in, a folder of Parquet shards out, resumable after a crash.
+
+    presto-ray sample --ray --config configs/local.yaml --out out/samples
+    ray job submit --working-dir . -- presto-ray sample --ray --config configs/cluster.yaml --out /data/run1
+
+The driver tokenizes the prompts, starts engine replicas, the coordinator and a pool of chain
+actors, then keeps `max_active_chains` (prompt, chain) pairs running: each finished sample is
+decoded and appended to the current shard. A chain whose actor died is submitted again and replays
+the same sample from its keyed randomness; pairs already in the output folder are skipped.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+
+import ray
+from ray.exceptions import RayActorError
+
+from actors.chain_actor import ChainWork, start_chain_actors
+from actors.coordinator import Coordinator
+from actors.engine_replica import start_replicas
+from presto_ray.job import JobConfig, JobSummary, build_tokenizer, encode_prompt, prompt_seed, sample_row
+from presto_ray.output import ShardedParquet
+from presto_ray.prompts import PromptItem
+
+# A chain replayed this many times is failing for a reason a restart does not fix.
+MAX_CHAIN_ATTEMPTS = 5
+
+
+def ensure_ray(address: str | None = None) -> None:
+    """Connect to `address` (or RAY_ADDRESS, as under `ray job submit`), else start a local Ray."""
+    if not ray.is_initialized():
+        ray.init(address=address, log_to_driver=True)
+
+
+class RayJob:
+    """One batch job. `start()` creates the actors; `run()` samples; `shutdown()` frees them.
+
+    The actor handles are attributes so tests can kill them mid-job.
+    """
+
+    def __init__(self, items: list[PromptItem], config: JobConfig, out_dir: str | Path) -> None:
+        self.items, self.config = items, config
+        self.writer = ShardedParquet(out_dir, config.ray.shard_rows, config.ray.shard_interval_s)
+        self.sampler_json = config.sampler.model_dump_json()
+        self.tokenizer = build_tokenizer(config.engine)
+        self.replicas: list = []
+        self.chain_actors: list = []
+        self.coordinator = None
+        self.replayed_chains = 0
+
+    def pending_work(self) -> tuple[list[ChainWork], int]:
+        """The pairs still to sample, and how many the output folder already holds."""
+        done = self.writer.finished(self.sampler_json)
+        work = []
+        for item in self.items:
+            prompt = tuple(encode_prompt(self.tokenizer, item))
+            for chain in range(self.config.chains_per_prompt):
+                if (item.id, chain) in done:
+                    continue
+                seed = prompt_seed(self.config.sampler.seed, item.id, chain)
+                work.append(ChainWork((item.id, chain), prompt, self.config.sampler.model_copy(update={"seed": seed})))
+        return work, len(self.items) * self.config.chains_per_prompt - len(work)
+
+    def start(self) -> None:
+        settings = self.config.ray
+        self.replicas = start_replicas(self.config.engine, settings)
+        self.coordinator = (
+            ray.remote(Coordinator).options(num_cpus=0, max_concurrency=100_000).remote(self.replicas, settings)
+        )
+        per_actor = math.ceil(self.config.max_active_chains / settings.chain_actors)
+        self.chain_actors = start_chain_actors(self.coordinator, self.tokenizer.eos_token_id, settings, per_actor)
+
+    def run(self, on_sample: Callable[[dict], None] | None = None, on_start: Callable[[int, int], None] | None = None) -> JobSummary:
+        """Sample every pending pair; `on_start(pending, skipped)` is called before the first chain."""
+        start = time.perf_counter()
+        work, skipped = self.pending_work()
+        if on_start:
+            on_start(len(work), skipped)
+        summary = JobSummary(skipped=skipped)
+        if work and not self.replicas:
+            self.start()
+        queue = deque(work)
+        running: dict = {}
+        attempts: dict = {}
+        next_actor = 0
+        while queue or running:
+            while queue and len(running) < self.config.max_active_chains:
+                item = queue.popleft()
+                actor = self.chain_actors[next_actor % len(self.chain_actors)]
+                next_actor += 1
+                running[actor.run.remote(item)] = item
+            ready, _ = ray.wait(list(running), num_returns=1, timeout=self.config.ray.shard_interval_s)
+            for ref in ready:
+                item = running.pop(ref)
+                try:
+                    result = ray.get(ref)
+                except RayActorError:
+                    # the chain's actor died (Ray restarts it): replay the chain from its keys
+                    attempts[item.chain_id] = attempts.get(item.chain_id, 0) + 1
+                    if attempts[item.chain_id] >= MAX_CHAIN_ATTEMPTS:
+                        raise
+                    self.replayed_chains += 1
+                    queue.appendleft(item)
+                    continue
+                row = sample_row(*item.chain_id, item.config.seed, result, self.tokenizer, self.tokenizer.eos_token_id, self.sampler_json)
+                summary.add_sample(row, result.stats)
+                self.writer.add(row)
+                if on_sample:
+                    on_sample(row)
+            if not ready:
+                self.writer.flush()  # long chains: still leave a trace on disk every interval
+        self.writer.flush()
+        if self.coordinator is not None:
+            summary.add_coordinator(ray.get(self.coordinator.get_stats.remote()))
+        summary.replayed_chains = self.replayed_chains
+        summary.wall_time_s = time.perf_counter() - start
+        return summary
+
+    def coordinator_stats(self) -> dict:
+        return ray.get(self.coordinator.get_stats.remote()) if self.coordinator is not None else {}
+
+    def shutdown(self) -> None:
+        for replica in self.replicas:
+            try:
+                ray.get(replica.shutdown.remote(), timeout=60)
+            except Exception:  # already dead: nothing to free
+                pass
+        for actor in [*self.chain_actors, self.coordinator, *self.replicas]:
+            if actor is not None:
+                ray.kill(actor, no_restart=True)
+        self.replicas, self.chain_actors, self.coordinator = [], [], None
+
+
+def run_ray_job(
+    items: list[PromptItem],
+    config: JobConfig,
+    out_dir: str | Path,
+    *,
+    address: str | None = None,
+    on_sample: Callable[[dict], None] | None = None,
+    on_start: Callable[[int, int], None] | None = None,
+) -> JobSummary:
+    ensure_ray(address)
+    job = RayJob(items, config, out_dir)
+    try:
+        return job.run(on_sample=on_sample, on_start=on_start)
+    finally:
+        job.shutdown()

@@ -1,0 +1,44 @@
+"""How a job runs on Ray: replicas, chain actors, batching. Plain pydantic: importing it needs no Ray."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class RaySettings(BaseModel):
+    """The `ray:` section of a job config; only `presto-ray sample --ray` and Serve read it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    num_replicas: int = Field(1, ge=1, le=1024, description="Engine replicas (actors holding an engine).")
+    replica_num_cpus: float = Field(0.0, ge=0.0, description="CPUs each replica reserves (0 on a laptop).")
+    replica_num_gpus: float = Field(0.0, ge=0.0, description="GPUs each replica reserves (1 per vLLM replica on GPUs).")
+    placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] | None = Field(
+        None, description="Reserve all replicas in one placement group with this strategy (None: no group)."
+    )
+    replica_max_restarts: int = Field(3, ge=-1, description="Ray restarts of a dead replica (-1: unlimited).")
+    chain_actors: int = Field(2, ge=1, le=4096, description="Chain actors; each runs many chains as coroutines.")
+    chain_actor_num_cpus: float = Field(0.0, ge=0.0, description="CPUs each chain actor reserves.")
+    chain_max_restarts: int = Field(3, ge=-1, description="Ray restarts of a dead chain actor (-1: unlimited).")
+    batch_window_s: float = Field(
+        0.005,
+        ge=0.0,
+        le=10.0,
+        description="Dispatch a replica's queue once every active chain has planned, or once its oldest "
+        "request has waited this long (chains busy planning must not stall the others).",
+    )
+    max_requests_per_call: int = Field(256, ge=1, description="Most requests merged into one engine call.")
+    max_inflight_calls: int = Field(
+        1, ge=1, le=64, description="Calls in flight per replica; while they run, new requests queue and merge."
+    )
+    affinity_tokens: int = Field(
+        64, ge=1, description="Route by the hash of the prompt's first tokens (prefix-cache affinity)."
+    )
+    affinity_slack: int = Field(
+        64, ge=0, description="Leave the preferred replica when it holds this many more queued requests than the idlest."
+    )
+    max_call_attempts: int = Field(4, ge=1, le=100, description="Tries of one batch across replica failures.")
+    shard_rows: int = Field(256, ge=1, description="Rows per Parquet shard (each shard is written atomically).")
+    shard_interval_s: float = Field(30.0, gt=0.0, description="Write a partial shard at least this often.")
