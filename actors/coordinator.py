@@ -105,6 +105,11 @@ class Coordinator:
             if not self.waiting[chain_id]:
                 del self.waiting[chain_id]
 
+    def register_chains(self, chain_ids: list) -> None:
+        """Chains about to start: the first dispatch waits (up to the window) for their plans too."""
+        self.active_chains.update(chain_ids)
+        self.metrics.chains_active.set(len(self.active_chains))
+
     def chain_finished(self, chain_id, transitions: int = 0) -> None:
         self.active_chains.discard(chain_id)
         self.stats.chains_finished += 1

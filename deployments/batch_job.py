@@ -43,8 +43,8 @@ class RayJob:
     The actor handles are attributes so tests can kill them mid-job.
     """
 
-    def __init__(self, items: list[PromptItem], config: JobConfig, out_dir: str | Path) -> None:
-        self.items, self.config = items, config
+    def __init__(self, items: list[PromptItem], config: JobConfig, out_dir: str | Path, address: str | None = None) -> None:
+        self.items, self.config, self.address = items, config, address
         self.writer = ShardedParquet(out_dir, config.ray.shard_rows, config.ray.shard_interval_s)
         self.sampler_json = config.sampler.model_dump_json()
         self.tokenizer = build_tokenizer(config.engine)
@@ -67,6 +67,7 @@ class RayJob:
         return work, len(self.items) * self.config.chains_per_prompt - len(work)
 
     def start(self) -> None:
+        ensure_ray(self.address)
         settings = self.config.ray
         self.replicas = start_replicas(self.config.engine, settings)
         self.coordinator = (
@@ -82,15 +83,19 @@ class RayJob:
         if on_start:
             on_start(len(work), skipped)
         summary = JobSummary(skipped=skipped)
-        if work and not self.replicas:
+        if work and self.coordinator is None:
             self.start()
         queue = deque(work)
         running: dict = {}
         attempts: dict = {}
         next_actor = 0
         while queue or running:
-            while queue and len(running) < self.config.max_active_chains:
-                item = queue.popleft()
+            starting = []
+            while queue and len(running) + len(starting) < self.config.max_active_chains:
+                starting.append(queue.popleft())
+            if starting:  # announced first, so the first dispatch waits for all of them
+                self.coordinator.register_chains.remote([item.chain_id for item in starting])
+            for item in starting:
                 actor = self.chain_actors[next_actor % len(self.chain_actors)]
                 next_actor += 1
                 running[actor.run.remote(item)] = item
@@ -145,8 +150,7 @@ def run_ray_job(
     on_sample: Callable[[dict], None] | None = None,
     on_start: Callable[[int, int], None] | None = None,
 ) -> JobSummary:
-    ensure_ray(address)
-    job = RayJob(items, config, out_dir)
+    job = RayJob(items, config, out_dir, address)
     try:
         return job.run(on_sample=on_sample, on_start=on_start)
     finally:

@@ -48,3 +48,21 @@ def hf_reference(vllm_engine):
         return logp0, logq
 
     return logprobs
+
+
+# Ray 2.60 turns token authentication on by default; the local test cluster does without.
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+
+
+@pytest.fixture(scope="session")
+def ray_address():
+    """One real local Ray cluster (2 CPUs) for the session; yields its address for subprocesses."""
+    if importlib.util.find_spec("ray") is None:
+        if os.environ.get("CI"):
+            pytest.fail("Ray is not installed: CI must run the Ray tests (make test installs ray[serve])")
+        pytest.skip("Ray is not installed (make test installs ray[serve])")
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False)
+    yield ray.get_runtime_context().gcs_address
+    ray.shutdown()

@@ -1,0 +1,235 @@
+"""The Ray batch job on a real local Ray cluster: same samples as the in-process driver, merged
+calls, recovery from dead chain actors and replicas, resumable sharded output."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from presto_ray.job import JobConfig, build_engine, run_job
+from presto_ray.output import read_samples
+from presto_ray.prompts import PromptItem
+
+ray = pytest.importorskip("ray")
+
+from deployments.batch_job import RayJob  # noqa: E402
+
+
+def toy_job(prompts: int = 4, chains: int = 2, **ray_settings) -> tuple[list[PromptItem], JobConfig]:
+    items = [PromptItem(id=f"q{i}", prompt=f"question number {i}: what follows?") for i in range(prompts)]
+    config = JobConfig.model_validate(
+        {
+            "engine": {"kind": "toy", "vocab_size": 48, "logit_scale": 3.0, "eos_bias": -2.0},
+            "sampler": {"block_size": 12, "num_blocks": 2, "mh_steps": 6, "prefetch_budget": 6, "seed": 11},
+            "chains_per_prompt": chains,
+            "ray": ray_settings,
+        }
+    )
+    return items, config
+
+
+def by_pair(rows) -> dict:
+    return {(r["prompt_id"], r["chain"]): r for r in rows}
+
+
+def reference(items, config) -> dict:
+    return by_pair(run_job(items, config, build_engine(config.engine)).rows)
+
+
+SAMPLE_FIELDS = ("seed", "token_ids", "text", "finished_with_eos", "transitions", "accepted", "config")
+
+
+def assert_same_samples(rows, expected: dict) -> None:
+    got = by_pair(rows)
+    assert len(got) == len(rows), "a (prompt, chain) pair was written twice"
+    assert got.keys() == expected.keys()
+    for pair, row in got.items():
+        for field in SAMPLE_FIELDS:
+            assert row[field] == expected[pair][field], (pair, field)
+
+
+def run(items, config, out, **callbacks):
+    job = RayJob(items, config, out)
+    try:
+        summary = job.run(**callbacks)
+        return summary, job.coordinator_stats()
+    finally:
+        job.shutdown()
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [{"num_replicas": 1}, {"num_replicas": 2}, {"num_replicas": 2, "replica_num_cpus": 0.5, "placement_strategy": "PACK"}],
+    ids=["1-replica", "2-replicas", "2-replicas-placement-group"],
+)
+def test_ray_job_writes_the_in_process_samples(ray_address, tmp_path, settings):
+    items, config = toy_job(**settings)
+    summary, stats = run(items, config, tmp_path / "out")
+    assert_same_samples(read_samples(tmp_path / "out").to_pylist(), reference(items, config))
+    assert summary.samples == len(items) * config.chains_per_prompt
+    assert sum(stats["calls_per_replica"]) == stats["calls"]
+    if settings["num_replicas"] == 2:
+        assert all(c > 0 for c in stats["calls_per_replica"]), "both replicas must serve calls"
+
+
+def test_calls_merge_across_chains(ray_address, tmp_path):
+    stats = {}
+    for chains in (1, 8):
+        items, config = toy_job(prompts=1, chains=chains)
+        summary, stats[chains] = run(items, config, tmp_path / f"out{chains}")
+        assert stats[chains]["calls"] <= summary.chain_rounds
+    eight = stats[8]
+    chain_rounds_8 = sum(r["model_calls"] for r in read_samples(tmp_path / "out8").to_pylist())
+    assert eight["calls"] < 0.4 * chain_rounds_8, "8 chains' rounds must share calls"
+    assert eight["requests_per_call"] > 3 * stats[1]["requests_per_call"]
+    assert eight["transitions_per_call"] > 3 * stats[1]["transitions_per_call"]
+
+
+def test_prompt_affinity_keeps_a_prompt_on_one_replica(ray_address, tmp_path):
+    items, config = toy_job(prompts=6, chains=2, num_replicas=2, affinity_slack=100_000)
+    _, stats = run(items, config, tmp_path / "out")
+    assert stats["affinity_misses"] == 0
+    assert all(c > 0 for c in stats["calls_per_replica"])
+    assert stats["cached_token_share"] > 0.5
+
+
+def test_identical_requests_are_computed_once(ray_address):
+    from actors.coordinator import Coordinator
+    from actors.engine_replica import start_replicas
+    from presto_ray.chain import Chain
+
+    _, config = toy_job()
+    replicas = start_replicas(config.engine, config.ray)
+    coordinator = ray.remote(Coordinator).remote(replicas, config.ray)
+    try:
+        plan = Chain((5, 6, 7), config.sampler, 0).plan()
+        twins = ray.get([coordinator.submit.remote(chain, plan) for chain in ("a", "b")])
+        stats = ray.get(coordinator.get_stats.remote())
+        assert [c.token_ids for c in twins[0]] == [c.token_ids for c in twins[1]]
+        assert stats["submitted_requests"] == 2 * len(plan)
+        assert stats["deduplicated"] == len(plan)
+        assert stats["requests"] == len(plan)
+    finally:
+        for actor in [coordinator, *replicas]:
+            ray.kill(actor)
+
+
+def test_a_killed_chain_actor_replays_its_chains(ray_address, tmp_path):
+    items, config = toy_job(prompts=4, chains=2, chain_actors=2)
+    config = config.model_copy(update={"engine": config.engine.model_copy(update={"call_latency_s": 0.05})})
+    job = RayJob(items, config, tmp_path / "out")
+    killed = []
+
+    def kill_once(row):
+        if not killed:
+            ray.kill(job.chain_actors[0], no_restart=False)  # Ray restarts it; its chains are lost
+            killed.append(row)
+
+    try:
+        summary = job.run(on_sample=kill_once)
+    finally:
+        job.shutdown()
+    assert summary.replayed_chains >= 1
+    assert_same_samples(read_samples(tmp_path / "out").to_pylist(), reference(items, config))
+
+
+@pytest.mark.parametrize("replicas", [1, 2], ids=["restarted-replica", "other-replica"])
+def test_a_replica_killed_mid_call_has_its_requests_resent(ray_address, tmp_path, replicas):
+    items, config = toy_job(prompts=4, chains=2, num_replicas=replicas)
+    config = config.model_copy(update={"engine": config.engine.model_copy(update={"call_latency_s": 0.3})})
+    job = RayJob(items, config, tmp_path / "out")
+    killed = []
+
+    def kill_during_a_call(row):
+        if killed:
+            return
+        deadline = time.monotonic() + 30
+        while job.coordinator_stats()["inflight_calls"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        ray.kill(job.replicas[0], no_restart=False)
+        killed.append(row)
+
+    try:
+        summary = job.run(on_sample=kill_during_a_call)
+        stats = job.coordinator_stats()
+    finally:
+        job.shutdown()
+    assert stats["replica_failures"] >= 1 and summary.resent_requests >= 1
+    assert_same_samples(read_samples(tmp_path / "out").to_pylist(), reference(items, config))
+
+
+def _cli(args, address, **kwargs):
+    env = {**os.environ, "RAY_ADDRESS": address, "RAY_AUTH_MODE": "disabled"}
+    return subprocess.Popen(
+        [sys.executable, "-m", "presto_ray.cli", "sample", "--ray", *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        **kwargs,
+    )
+
+
+def test_a_killed_job_resumes_without_recomputing(ray_address, tmp_path):
+    items, config = toy_job(prompts=6, chains=2, shard_rows=1)
+    config = config.model_copy(
+        update={
+            "engine": config.engine.model_copy(update={"call_latency_s": 0.1}),
+            "max_active_chains": 2,
+        }
+    )
+    config_path = tmp_path / "job.yaml"
+    config_path.write_text(yaml.safe_dump(config.model_dump(mode="json")))
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(f'{{"id": "{i.id}", "prompt": "{i.prompt}"}}\n' for i in items))
+    out = tmp_path / "out"
+    args = ["--config", str(config_path), "--prompts", str(prompts), "--out", str(out), "--quiet"]
+
+    first = _cli(args, ray_address)
+    deadline = time.monotonic() + 120
+    while len(list(out.glob("part-*.parquet"))) < 3 and time.monotonic() < deadline:
+        assert first.poll() is None, first.stdout.read()
+        time.sleep(0.05)
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+    before = {p: p.stat().st_mtime_ns for p in out.glob("part-*.parquet")}
+    done_before = len(read_samples(out))
+    assert 3 <= done_before < 12, "the job must die part-way"
+
+    second = _cli(args, ray_address)
+    output, _ = second.communicate(timeout=300)
+    assert second.returncode == 0, output
+    assert f"resumed              {done_before} finished pairs skipped" in output
+    assert f"samples              {12 - done_before}" in output
+    assert {p: p.stat().st_mtime_ns for p in before} == before, "finished shards must not be rewritten"
+    assert_same_samples(read_samples(out).to_pylist(), reference(items, config))
+
+    third = _cli(args, ray_address)  # nothing left: no work, no duplicates
+    output, _ = third.communicate(timeout=300)
+    assert third.returncode == 0 and "samples              0" in output, output
+    assert len(read_samples(out)) == 12
+
+
+def test_resume_refuses_another_configuration(ray_address, tmp_path):
+    items, config = toy_job(prompts=1, chains=1)
+    run(items, config, tmp_path / "out")
+    other = config.model_copy(update={"sampler": config.sampler.model_copy(update={"alpha": 2.0})})
+    with pytest.raises(ValueError, match="another sampler configuration"):
+        run(items, other, tmp_path / "out")
+
+
+def test_sharded_output_is_read_as_one_table(ray_address, tmp_path):
+    items, config = toy_job(prompts=3, chains=1, shard_rows=1)
+    run(items, config, tmp_path / "out")
+    shards = sorted(Path(tmp_path / "out").glob("part-*.parquet"))
+    assert len(shards) == 3 and not list(Path(tmp_path / "out").glob(".*"))  # no temp files left
+    import pyarrow.parquet as pq
+
+    assert pq.read_table(tmp_path / "out").num_rows == 3
