@@ -6,7 +6,7 @@ PYTHON ?= python3
 STAMP := $(VENV)/.installed
 PIP := $(VENV)/bin/pip
 
-.PHONY: install sample test bench bench-real clean
+.PHONY: install sample test bench bench-real bench-ray clean
 
 install: $(STAMP)
 
@@ -35,3 +35,6 @@ bench-real: $(STAMP)
 
 clean:
 	rm -rf $(VENV) out .pytest_cache .hypothesis
+
+bench-ray: $(STAMP)
+	$(VENV)/bin/presto-ray bench-ray --vllm-chains 1,2,4,8,16 --out bench/results/ray.json --png bench/results/ray.png

@@ -167,6 +167,28 @@ def cmd_bench_real(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench_ray(args: argparse.Namespace) -> int:
+    from deployments.bench_ray import format_report, run_ray_bench
+
+    try:
+        chains = tuple(int(c) for c in args.chains.split(","))
+        vllm_chains = tuple(int(c) for c in args.vllm_chains.split(",")) if args.vllm_chains else ()
+    except ValueError:
+        return _fail("--chains / --vllm-chains: expected comma-separated integers")
+    if any(c < 1 for c in chains + vllm_chains):
+        return _fail("--chains / --vllm-chains: every count must be at least 1")
+    report = run_ray_bench(
+        chain_counts=chains,
+        vllm_chain_counts=vllm_chains,
+        out_json=args.out,
+        out_png=args.png,
+        progress=lambda msg: print(msg, file=sys.stderr, flush=True),
+    )
+    print(format_report(report))
+    print(f"wrote {args.out} and {args.png}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="presto-ray", description="Exact power sampling with PreSTO prefetching.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -207,6 +229,13 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--png", default="bench/results/vllm_cpu.png")
     r.add_argument("--variants", action="store_true", help="PowerMH, EntropyCut and MultiTryMH: serial vs predictive")
     r.set_defaults(func=cmd_bench_real)
+
+    y = sub.add_parser("bench-ray", help="Ray throughput against concurrent chains (toy latency model, vLLM)")
+    y.add_argument("--chains", default="1,2,4,8,16,32,64", help="chain counts on the toy engine")
+    y.add_argument("--vllm-chains", default="", help="chain counts on vLLM (CPU), e.g. 1,2,4,8,16")
+    y.add_argument("--out", default="bench/results/ray.json")
+    y.add_argument("--png", default="bench/results/ray.png")
+    y.set_defaults(func=cmd_bench_ray)
     return parser
 
 

@@ -1,0 +1,203 @@
+"""Ray throughput against the number of concurrent chains: `presto-ray bench-ray`.
+
+For each chain count the same job runs twice, side by side on this machine:
+  - in-process: `sample_many`, every round of all chains in one call with no coordination: the
+    engine's own throughput for this workload;
+  - on Ray: chain actors, the coordinator and one engine replica (actor start-up not timed).
+The share column is Ray's transitions per second over the in-process figure. Both runs draw the
+same samples (keyed randomness), which the bench checks.
+
+Engines: the toy with a latency model (each call sleeps a fixed time plus a cost per generated
+token, like a GPU serving one batch) and, with --vllm, vLLM on the CPU with SmolLM2-135M.
+A second table measures the batching policy (window and calls in flight) at one chain count.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+from presto_ray import __version__
+from presto_ray.bench import format_table
+from presto_ray.job import JobConfig, build_engine, run_job
+from presto_ray.output import write_json_atomic
+from presto_ray.prompts import PromptItem
+
+TOY_LATENCY = {"call_latency_s": 0.05, "token_latency_s": 2e-5}
+COLUMNS = [
+    ("engine", "engine", "{}"),
+    ("chains", "chains", "{}"),
+    ("ray_transitions_per_s", "Ray trans/s", "{:.1f}"),
+    ("local_transitions_per_s", "in-proc trans/s", "{:.1f}"),
+    ("share_of_engine", "share", "{:.2f}"),
+    ("ray_calls", "Ray calls", "{}"),
+    ("local_calls", "in-proc calls", "{}"),
+    ("requests_per_call", "req/call", "{:.1f}"),
+    ("transitions_per_call", "trans/call", "{:.2f}"),
+    ("cached_token_share", "cached", "{:.2f}"),
+    ("same_samples", "same", "{}"),
+]
+POLICY_COLUMNS = [
+    ("batch_window_ms", "window ms", "{:g}"),
+    ("max_inflight_calls", "in flight", "{}"),
+    ("chains", "chains", "{}"),
+    ("ray_transitions_per_s", "trans/s", "{:.1f}"),
+    ("ray_calls", "calls", "{}"),
+    ("requests_per_call", "req/call", "{:.1f}"),
+    ("same_samples", "same", "{}"),
+]
+
+
+def _items(chains: int) -> tuple[list[PromptItem], int]:
+    prompts = min(chains, 4)  # several chains per prompt, as in real jobs
+    items = [PromptItem(id=f"p{i}", prompt=f"Question {i}: name a prime number above {10 * i}.") for i in range(prompts)]
+    return items, chains // prompts
+
+
+def _job_config(engine: dict, sampler: dict, chains: int, ray: dict) -> tuple[list[PromptItem], JobConfig]:
+    items, per_prompt = _items(chains)
+    config = JobConfig.model_validate(
+        {"engine": engine, "sampler": sampler, "chains_per_prompt": per_prompt, "max_active_chains": chains, "ray": ray}
+    )
+    return items, config
+
+
+def _ray_run(items, config, out_dir: Path) -> tuple[dict, dict, float]:
+    from deployments.batch_job import RayJob
+
+    job = RayJob(items, config, out_dir)
+    job.start()
+    try:
+        start = time.perf_counter()
+        summary = job.run()
+        elapsed = time.perf_counter() - start
+        return {(r["prompt_id"], r["chain"]): r["token_ids"] for r in summary.rows}, job.coordinator_stats(), elapsed
+    finally:
+        job.shutdown()
+
+
+def measure(engine_spec: dict, sampler: dict, chains: int, ray: dict, work_dir: Path, local_engine=None) -> dict:
+    """One row: the same job in-process (when `local_engine` is given) and on Ray."""
+    import shutil
+
+    items, config = _job_config(engine_spec, sampler, chains, ray)
+    out = work_dir / f"{engine_spec['kind']}-{chains}-{time.time_ns()}"
+    ray_samples, stats, ray_time = _ray_run(items, config, out)
+    shutil.rmtree(out, ignore_errors=True)
+    row = {
+        "engine": engine_spec["kind"],
+        "chains": chains,
+        "batch_window_ms": config.ray.batch_window_s * 1000,
+        "max_inflight_calls": config.ray.max_inflight_calls,
+        "ray_wall_s": ray_time,
+        "ray_calls": stats["calls"],
+        "transitions": stats["transitions"],
+        "ray_transitions_per_s": stats["transitions"] / ray_time,
+        "requests_per_call": stats["requests_per_call"],
+        "transitions_per_call": stats["transitions_per_call"],
+        "cached_token_share": stats["cached_token_share"],
+        "engine_time_s": stats["engine_time_s"],
+    }
+    if local_engine is not None:
+        start = time.perf_counter()
+        local = run_job(items, config, local_engine)
+        local_time = time.perf_counter() - start
+        row.update(
+            local_wall_s=local_time,
+            local_calls=local.engine_calls,
+            local_transitions_per_s=local.transitions / local_time,
+            share_of_engine=(stats["transitions"] / ray_time) / (local.transitions / local_time),
+            same_samples={(r["prompt_id"], r["chain"]): r["token_ids"] for r in local.rows} == ray_samples,
+        )
+    return row
+
+
+def run_ray_bench(
+    *,
+    chain_counts=(1, 2, 4, 8, 16, 32, 64),
+    vllm_chain_counts=(),
+    policy_chains: int = 16,  # 0: skip the batching-policy table
+    out_json: str | Path | None = None,
+    out_png: str | Path | None = None,
+    work_dir: str | Path = "out/bench-ray",
+    progress=print,
+) -> dict:
+    from deployments.batch_job import ensure_ray
+
+    ensure_ray()
+    work_dir = Path(work_dir)
+    toy = {"kind": "toy", "vocab_size": 64, "logit_scale": 4.0, "eos_bias": -3.0, **TOY_LATENCY}
+    toy_sampler = {"block_size": 32, "num_blocks": 1, "mh_steps": 30, "prefetch_budget": 8, "seed": 0}
+    rows, policy = [], []
+    toy_engine = build_engine(JobConfig.model_validate({"engine": toy}).engine)
+    for chains in chain_counts:
+        rows.append(measure(toy, toy_sampler, chains, {}, work_dir, toy_engine))
+        progress(f"toy chains={chains}: share {rows[-1]['share_of_engine']:.2f}, {rows[-1]['requests_per_call']:.1f} req/call")
+    for window in (0.0, 0.005, 0.02, 0.05) if policy_chains else ():
+        for inflight in (1, 2):
+            ray = {"batch_window_s": window, "max_inflight_calls": inflight}
+            policy.append(measure(toy, toy_sampler, policy_chains, ray, work_dir, toy_engine))
+            progress(f"policy window={window} inflight={inflight}: {policy[-1]['ray_transitions_per_s']:.1f} trans/s")
+    vllm_sampler = {"block_size": 24, "num_blocks": 1, "mh_steps": 6, "prefetch_budget": 4, "seed": 0}
+    model_dir = None
+    if vllm_chain_counts:
+        from presto_ray.engines.vllm_engine import VLLMEngine
+
+        with VLLMEngine() as engine:
+            model_dir = engine.model_dir
+            for chains in vllm_chain_counts:
+                rows.append(measure({"kind": "vllm"}, vllm_sampler, chains, {}, work_dir, engine))
+                progress(f"vllm chains={chains}: share {rows[-1]['share_of_engine']:.2f}")
+    report = {
+        "timestamp": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "config": {
+            "presto_ray_version": __version__,
+            "toy_engine": toy,
+            "toy_sampler": toy_sampler,
+            "vllm_sampler": vllm_sampler,
+            "vllm_model_dir": model_dir,
+            "ray_defaults": JobConfig().ray.model_dump(),
+            "replicas": 1,
+            "prompts": "min(chains, 4) prompts, chains / prompts chains each",
+        },
+        "rows": rows,
+        "policy": policy,
+    }
+    if out_json:
+        write_json_atomic(report, out_json)
+    if out_png:
+        plot(report, out_png)
+    return report
+
+
+def format_report(report: dict) -> str:
+    return (
+        format_table(report, COLUMNS)
+        + "\n\nbatching policy (toy):\n"
+        + format_table({"rows": report["policy"]}, POLICY_COLUMNS)
+    )
+
+
+def plot(report: dict, path: str | Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    engines = sorted({r["engine"] for r in report["rows"]})
+    fig, axes = plt.subplots(1, len(engines), figsize=(5 * len(engines), 4), squeeze=False)
+    for ax, engine in zip(axes[0], engines):
+        rows = [r for r in report["rows"] if r["engine"] == engine]
+        chains = [r["chains"] for r in rows]
+        ax.plot(chains, [r["ray_transitions_per_s"] for r in rows], marker="o", label="Ray (coordinator)")
+        ax.plot(chains, [r["local_transitions_per_s"] for r in rows], marker="s", label="in-process (engine bound)")
+        ax.set(xscale="log", xlabel="concurrent chains", ylabel="MH transitions per second", title=engine)
+        ax.set_xticks(chains, [str(c) for c in chains])
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.suptitle("presto-ray throughput against concurrent chains (one replica)")
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
