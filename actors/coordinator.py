@@ -7,9 +7,11 @@ Chains `submit` the requests of their next round and await the completions. The 
     `affinity_tokens` tokens, so chains of one prompt share that replica's prefix cache, unless
     that replica's queue is `affinity_slack` requests longer than the idlest one's;
   - batches: a replica's queue is dispatched as one call once every active chain has planned
-    (all are waiting on completions), or once its oldest request has waited `batch_window_s`,
-    or once it holds `max_requests_per_call`; at most `max_inflight_calls` calls run per replica,
-    so requests that arrive during a call merge into the next one;
+    (all are waiting on completions), or once no chain has submitted for `batch_window_s` (a
+    quiet period: chains still planning keep the batch open while they keep arriving), or once
+    its oldest request has waited `max_batch_wait_s`, or once it holds `max_requests_per_call`;
+    at most `max_inflight_calls` calls run per replica, so requests that arrive during a call
+    merge into the next one;
   - survives replicas: when a call fails because its replica died, the call's requests go to
     another healthy replica (or wait for the restarted one); a probe puts the replica back.
 Completions are deterministic functions of their requests, so none of this changes a sample.
@@ -75,6 +77,7 @@ class Coordinator:
         self.waiting: dict[object, int] = {}
         self.stats = CoordinatorStats()
         self.metrics = CoordinatorMetrics()
+        self._last_submit = 0.0
         self._wake: asyncio.Event | None = None
         self._dispatcher: asyncio.Task | None = None
 
@@ -95,6 +98,7 @@ class Coordinator:
                 self.stats.deduplicated += 1
             futures.append(future)
         self.stats.submitted_requests += len(requests)
+        self._last_submit = time.monotonic()
         self.waiting[chain_id] = self.waiting.get(chain_id, 0) + 1
         self._wake.set()
         try:
@@ -167,10 +171,12 @@ class Coordinator:
         return all(chain in self.waiting for chain in self.active_chains)
 
     async def _dispatch_loop(self) -> None:
-        window = self.settings.batch_window_s
+        s = self.settings
         while True:
-            oldest = [q[0].enqueued for i, q in enumerate(self.queues) if q and self.healthy[i]]
-            timeout = max(0.0, min(oldest) + window - time.monotonic()) if oldest else None
+            # only queues that could dispatch now need a timer; the others wait for a call to end
+            oldest = [q[0].enqueued for i, q in enumerate(self.queues) if q and self._can_call(i)]
+            deadline = min(self._last_submit + s.batch_window_s, min(oldest) + s.max_batch_wait_s) if oldest else None
+            timeout = max(0.0, deadline - time.monotonic()) if oldest else None
             try:
                 await asyncio.wait_for(self._wake.wait(), timeout)
             except asyncio.TimeoutError:
@@ -178,15 +184,17 @@ class Coordinator:
             self._wake.clear()
             self._dispatch_ready(time.monotonic())
 
+    def _can_call(self, i: int) -> bool:
+        return self.healthy[i] and self.inflight_calls[i] < self.settings.max_inflight_calls
+
     def _dispatch_ready(self, now: float) -> None:
         s = self.settings
-        all_planned = self._all_planned()
+        release = self._all_planned() or now - self._last_submit >= s.batch_window_s
         for i, queue in enumerate(self.queues):
             while (
                 queue
-                and self.healthy[i]
-                and self.inflight_calls[i] < s.max_inflight_calls
-                and (all_planned or len(queue) >= s.max_requests_per_call or now - queue[0].enqueued >= s.batch_window_s)
+                and self._can_call(i)
+                and (release or len(queue) >= s.max_requests_per_call or now - queue[0].enqueued >= s.max_batch_wait_s)
             ):
                 batch = [queue.popleft() for _ in range(min(len(queue), s.max_requests_per_call))]
                 self.inflight_calls[i] += 1

@@ -43,12 +43,16 @@ class RayJob:
     The actor handles are attributes so tests can kill them mid-job.
     """
 
-    def __init__(self, items: list[PromptItem], config: JobConfig, out_dir: str | Path, address: str | None = None) -> None:
+    def __init__(
+        self, items: list[PromptItem], config: JobConfig, out_dir: str | Path, address: str | None = None, replicas=None
+    ) -> None:
+        """`replicas`: running engine replicas to use (and leave running); None starts the job's own."""
         self.items, self.config, self.address = items, config, address
         self.writer = ShardedParquet(out_dir, config.ray.shard_rows, config.ray.shard_interval_s)
         self.sampler_json = config.sampler.model_dump_json()
         self.tokenizer = build_tokenizer(config.engine)
-        self.replicas: list = []
+        self.replicas: list = list(replicas or [])
+        self._owns_replicas = not self.replicas
         self.chain_actors: list = []
         self.coordinator = None
         self.replayed_chains = 0
@@ -69,7 +73,8 @@ class RayJob:
     def start(self) -> None:
         ensure_ray(self.address)
         settings = self.config.ray
-        self.replicas = start_replicas(self.config.engine, settings)
+        if not self.replicas:
+            self.replicas = start_replicas(self.config.engine, settings)
         self.coordinator = (
             ray.remote(Coordinator).options(num_cpus=0, max_concurrency=100_000).remote(self.replicas, settings)
         )
@@ -85,6 +90,17 @@ class RayJob:
         summary = JobSummary(skipped=skipped)
         if work and self.coordinator is None:
             self.start()
+        try:
+            self._run_pending(work, summary, on_sample)
+        finally:
+            self.writer.flush()  # finished samples reach disk even when the job fails
+        if self.coordinator is not None:
+            summary.add_coordinator(ray.get(self.coordinator.get_stats.remote()))
+        summary.replayed_chains = self.replayed_chains
+        summary.wall_time_s = time.perf_counter() - start
+        return summary
+
+    def _run_pending(self, work: list[ChainWork], summary: JobSummary, on_sample) -> None:
         queue = deque(work)
         running: dict = {}
         attempts: dict = {}
@@ -119,23 +135,18 @@ class RayJob:
                     on_sample(row)
             if not ready:
                 self.writer.flush()  # long chains: still leave a trace on disk every interval
-        self.writer.flush()
-        if self.coordinator is not None:
-            summary.add_coordinator(ray.get(self.coordinator.get_stats.remote()))
-        summary.replayed_chains = self.replayed_chains
-        summary.wall_time_s = time.perf_counter() - start
-        return summary
 
     def coordinator_stats(self) -> dict:
         return ray.get(self.coordinator.get_stats.remote()) if self.coordinator is not None else {}
 
     def shutdown(self) -> None:
-        for replica in self.replicas:
+        owned = self.replicas if self._owns_replicas else []
+        for replica in owned:
             try:
                 ray.get(replica.shutdown.remote(), timeout=60)
             except Exception:  # already dead: nothing to free
                 pass
-        for actor in [*self.chain_actors, self.coordinator, *self.replicas]:
+        for actor in [*self.chain_actors, self.coordinator, *owned]:
             if actor is not None:
                 ray.kill(actor, no_restart=True)
         self.replicas, self.chain_actors, self.coordinator = [], [], None

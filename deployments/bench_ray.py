@@ -63,10 +63,12 @@ def _job_config(engine: dict, sampler: dict, chains: int, ray: dict) -> tuple[li
     return items, config
 
 
-def _ray_run(items, config, out_dir: Path) -> tuple[dict, dict, float]:
+def _ray_run(items, config, out_dir: Path, replicas) -> tuple[dict, dict, float]:
     from deployments.batch_job import RayJob
 
-    job = RayJob(items, config, out_dir)
+    import shutil
+
+    job = RayJob(items, config, out_dir, replicas=replicas)
     job.start()
     try:
         start = time.perf_counter()
@@ -75,16 +77,14 @@ def _ray_run(items, config, out_dir: Path) -> tuple[dict, dict, float]:
         return {(r["prompt_id"], r["chain"]): r["token_ids"] for r in summary.rows}, job.coordinator_stats(), elapsed
     finally:
         job.shutdown()
+        shutil.rmtree(out_dir, ignore_errors=True)
 
 
-def measure(engine_spec: dict, sampler: dict, chains: int, ray: dict, work_dir: Path, local_engine=None) -> dict:
-    """One row: the same job in-process (when `local_engine` is given) and on Ray."""
-    import shutil
-
+def measure(engine_spec: dict, sampler: dict, chains: int, ray: dict, work_dir: Path, replicas, local_engine=None) -> dict:
+    """One row: the same job on Ray (on running `replicas`) and in-process (when `local_engine` is given)."""
     items, config = _job_config(engine_spec, sampler, chains, ray)
     out = work_dir / f"{engine_spec['kind']}-{chains}-{time.time_ns()}"
-    ray_samples, stats, ray_time = _ray_run(items, config, out)
-    shutil.rmtree(out, ignore_errors=True)
+    ray_samples, stats, ray_time = _ray_run(items, config, out, replicas)
     row = {
         "engine": engine_spec["kind"],
         "chains": chains,
@@ -113,6 +113,27 @@ def measure(engine_spec: dict, sampler: dict, chains: int, ray: dict, work_dir: 
     return row
 
 
+def _engines(engine_spec: dict, sampler: dict, work_dir: Path, build) -> tuple:
+    """The in-process engine and one Ray replica of the same spec, both warmed up on every prompt
+    (vLLM's first calls and cold prefix caches must not count against either side)."""
+    from actors.engine_replica import start_replicas
+
+    items, config = _job_config(engine_spec, sampler, 4, {})
+    engine = build(config.engine)
+    replicas = start_replicas(config.engine, config.ray)
+    run_job(items, config, engine)
+    _ray_run(items, config, work_dir / f"warmup-{time.time_ns()}", replicas)
+    return engine, replicas
+
+
+def _stop(replicas) -> None:
+    import ray
+
+    ray.get([r.shutdown.remote() for r in replicas])
+    for replica in replicas:
+        ray.kill(replica)
+
+
 def run_ray_bench(
     *,
     chain_counts=(1, 2, 4, 8, 16, 32, 64),
@@ -130,25 +151,28 @@ def run_ray_bench(
     toy = {"kind": "toy", "vocab_size": 64, "logit_scale": 4.0, "eos_bias": -3.0, **TOY_LATENCY}
     toy_sampler = {"block_size": 32, "num_blocks": 1, "mh_steps": 30, "prefetch_budget": 8, "seed": 0}
     rows, policy = [], []
-    toy_engine = build_engine(JobConfig.model_validate({"engine": toy}).engine)
+    toy_engine, toy_replicas = _engines(toy, toy_sampler, work_dir, build_engine)
     for chains in chain_counts:
-        rows.append(measure(toy, toy_sampler, chains, {}, work_dir, toy_engine))
+        rows.append(measure(toy, toy_sampler, chains, {}, work_dir, toy_replicas, toy_engine))
         progress(f"toy chains={chains}: share {rows[-1]['share_of_engine']:.2f}, {rows[-1]['requests_per_call']:.1f} req/call")
     for window in (0.0, 0.005, 0.02, 0.05) if policy_chains else ():
         for inflight in (1, 2):
             ray = {"batch_window_s": window, "max_inflight_calls": inflight}
-            policy.append(measure(toy, toy_sampler, policy_chains, ray, work_dir, toy_engine))
+            policy.append(measure(toy, toy_sampler, policy_chains, ray, work_dir, toy_replicas, toy_engine))
             progress(f"policy window={window} inflight={inflight}: {policy[-1]['ray_transitions_per_s']:.1f} trans/s")
+    _stop(toy_replicas)
     vllm_sampler = {"block_size": 24, "num_blocks": 1, "mh_steps": 6, "prefetch_budget": 4, "seed": 0}
     model_dir = None
     if vllm_chain_counts:
         from presto_ray.engines.vllm_engine import VLLMEngine
 
-        with VLLMEngine() as engine:
+        engine, replicas = _engines({"kind": "vllm"}, vllm_sampler, work_dir, lambda _: VLLMEngine())
+        with engine:
             model_dir = engine.model_dir
             for chains in vllm_chain_counts:
-                rows.append(measure({"kind": "vllm"}, vllm_sampler, chains, {}, work_dir, engine))
+                rows.append(measure({"kind": "vllm"}, vllm_sampler, chains, {}, work_dir, replicas, engine))
                 progress(f"vllm chains={chains}: share {rows[-1]['share_of_engine']:.2f}")
+        _stop(replicas)
     report = {
         "timestamp": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "config": {

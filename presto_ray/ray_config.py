@@ -23,13 +23,16 @@ class RaySettings(BaseModel):
     chain_actor_num_cpus: float = Field(0.0, ge=0.0, description="CPUs each chain actor reserves.")
     chain_max_restarts: int = Field(3, ge=-1, description="Ray restarts of a dead chain actor (-1: unlimited).")
     batch_window_s: float = Field(
-        0.02,
+        0.05,
         ge=0.0,
         le=10.0,
-        description="Dispatch a replica's queue once every active chain has planned, or once its oldest "
-        "request has waited this long (chains busy planning must not stall the others).",
+        description="Dispatch a replica's queue once every active chain has planned, or once no chain has "
+        "submitted for this long (chains still planning keep the batch open while they arrive).",
     )
-    max_requests_per_call: int = Field(256, ge=1, description="Most requests merged into one engine call.")
+    max_batch_wait_s: float = Field(
+        0.5, ge=0.0, le=60.0, description="Never hold a queued request longer than this (bounds added latency)."
+    )
+    max_requests_per_call: int = Field(1024, ge=1, description="Most requests merged into one engine call.")
     max_inflight_calls: int = Field(
         1, ge=1, le=64, description="Calls in flight per replica; while they run, new requests queue and merge."
     )

@@ -233,3 +233,39 @@ def test_sharded_output_is_read_as_one_table(ray_address, tmp_path):
     import pyarrow.parquet as pq
 
     assert pq.read_table(tmp_path / "out").num_rows == 3
+
+
+def test_cli_ray_sample_and_its_errors(ray_address, tmp_path, capsys):
+    from presto_ray.cli import main
+
+    config = Path(__file__).resolve().parent.parent / "configs" / "toy.yaml"
+    out = tmp_path / "out"
+    assert main(["sample", "--ray", "--config", str(config), "--out", str(out), "--quiet"]) == 0
+    printed = capsys.readouterr().out
+    assert f"wrote 8 samples to {out}/" in printed and "transitions per call" in printed
+    assert len(read_samples(out)) == 8
+
+    assert main(["sample", "--ray", "--config", str(config), "--out", str(out), "--seed", "5", "--quiet"]) == 2
+    assert "another sampler configuration" in capsys.readouterr().err
+    assert main(["sample", "--address", "127.0.0.1:1", "--config", str(config)]) == 2
+    assert "--address needs --ray" in capsys.readouterr().err
+    a_file = tmp_path / "file.parquet"
+    a_file.write_text("")
+    assert main(["sample", "--ray", "--config", str(config), "--out", str(a_file), "--quiet"]) == 2
+    assert "is a file" in capsys.readouterr().err
+
+
+def test_bench_ray_runs_and_checks_its_samples(ray_address, tmp_path):
+    import json
+
+    from deployments.bench_ray import format_report, run_ray_bench
+
+    report = run_ray_bench(
+        chain_counts=(2,), policy_chains=0, out_json=tmp_path / "ray.json", out_png=tmp_path / "ray.png",
+        work_dir=tmp_path / "work", progress=lambda _: None,
+    )
+    (row,) = report["rows"]
+    assert row["same_samples"] is True and row["ray_calls"] > 0 and row["share_of_engine"] > 0
+    assert json.loads((tmp_path / "ray.json").read_text())["rows"][0]["chains"] == 2
+    assert (tmp_path / "ray.png").stat().st_size > 0
+    assert "trans/s" in format_report(report)
