@@ -8,7 +8,8 @@ Chains `submit` the requests of their next round and await the completions. The 
     that replica's queue is `affinity_slack` requests longer than the idlest one's;
   - batches: a replica's queue is dispatched as one call once every active chain has planned
     (all are waiting on completions), or once no chain has submitted for `batch_window_s` (a
-    quiet period: chains still planning keep the batch open while they keep arriving), or once
+    quiet period, counted from the last plan or the last finished call: chains still planning
+    keep the batch open while they keep arriving), or once
     its oldest request has waited `max_batch_wait_s`, or once it holds `max_requests_per_call`;
     at most `max_inflight_calls` calls run per replica, so requests that arrive during a call
     merge into the next one;
@@ -77,7 +78,7 @@ class Coordinator:
         self.waiting: dict[object, int] = {}
         self.stats = CoordinatorStats()
         self.metrics = CoordinatorMetrics()
-        self._last_submit = 0.0
+        self._last_activity = 0.0
         self._wake: asyncio.Event | None = None
         self._dispatcher: asyncio.Task | None = None
 
@@ -98,7 +99,7 @@ class Coordinator:
                 self.stats.deduplicated += 1
             futures.append(future)
         self.stats.submitted_requests += len(requests)
-        self._last_submit = time.monotonic()
+        self._last_activity = time.monotonic()
         self.waiting[chain_id] = self.waiting.get(chain_id, 0) + 1
         self._wake.set()
         try:
@@ -175,7 +176,7 @@ class Coordinator:
         while True:
             # only queues that could dispatch now need a timer; the others wait for a call to end
             oldest = [q[0].enqueued for i, q in enumerate(self.queues) if q and self._can_call(i)]
-            deadline = min(self._last_submit + s.batch_window_s, min(oldest) + s.max_batch_wait_s) if oldest else None
+            deadline = min(self._last_activity + s.batch_window_s, min(oldest) + s.max_batch_wait_s) if oldest else None
             timeout = max(0.0, deadline - time.monotonic()) if oldest else None
             try:
                 await asyncio.wait_for(self._wake.wait(), timeout)
@@ -189,7 +190,7 @@ class Coordinator:
 
     def _dispatch_ready(self, now: float) -> None:
         s = self.settings
-        release = self._all_planned() or now - self._last_submit >= s.batch_window_s
+        release = self._all_planned() or now - self._last_activity >= s.batch_window_s
         for i, queue in enumerate(self.queues):
             while (
                 queue
@@ -217,6 +218,9 @@ class Coordinator:
         finally:
             self.inflight_calls[i] -= 1
             self.inflight_requests[i] -= len(batch)
+            # the chains just served need a moment to plan: without this, requests queued during
+            # the call would leave alone and the chains would stay split into two alternating calls
+            self._last_activity = time.monotonic()
             self._wake.set()
 
     def _settle(self, item: _Queued, completion: Completion | None = None, error: BaseException | None = None) -> None:

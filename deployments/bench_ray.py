@@ -155,7 +155,7 @@ def run_ray_bench(
     for chains in chain_counts:
         rows.append(measure(toy, toy_sampler, chains, {}, work_dir, toy_replicas, toy_engine))
         progress(f"toy chains={chains}: share {rows[-1]['share_of_engine']:.2f}, {rows[-1]['requests_per_call']:.1f} req/call")
-    for window in (0.0, 0.005, 0.02, 0.05) if policy_chains else ():
+    for window in (0.0, 0.02, 0.05, 0.1, 0.2) if policy_chains else ():
         for inflight in (1, 2):
             ray = {"batch_window_s": window, "max_inflight_calls": inflight}
             policy.append(measure(toy, toy_sampler, policy_chains, ray, work_dir, toy_replicas, toy_engine))

@@ -23,7 +23,7 @@ class RaySettings(BaseModel):
     chain_actor_num_cpus: float = Field(0.0, ge=0.0, description="CPUs each chain actor reserves.")
     chain_max_restarts: int = Field(3, ge=-1, description="Ray restarts of a dead chain actor (-1: unlimited).")
     batch_window_s: float = Field(
-        0.05,
+        0.1,
         ge=0.0,
         le=10.0,
         description="Dispatch a replica's queue once every active chain has planned, or once no chain has "
