@@ -36,18 +36,29 @@ class ChainActor:
         return True
 
     async def run(self, work: ChainWork) -> SampleResult:
-        run = ChainRun(Chain(work.prompt_token_ids, work.config, self.eos_token_id))
-        reported = 0
-        try:
-            while not run.chain.done:
-                plan = run.chain.plan()
-                done = run.chain.stats.transitions
-                completions = await self.coordinator.submit.remote(work.chain_id, plan, done - reported)
-                reported = done
-                run.advance(plan, completions)
-        finally:
-            await self.coordinator.chain_finished.remote(work.chain_id, run.chain.stats.transitions - reported)
-        return run.result()
+        chain = Chain(work.prompt_token_ids, work.config, self.eos_token_id)
+        return await drive_chain(self.coordinator, work.chain_id, chain)
+
+
+async def drive_chain(coordinator, chain_id, chain: Chain, on_round=None) -> SampleResult:
+    """Run `chain` to the end through the coordinator: the loop every Ray-side driver shares.
+
+    `on_round(chain)` (optional) is called after each round, e.g. to stream progress.
+    """
+    run = ChainRun(chain)
+    reported = 0
+    try:
+        while not chain.done:
+            plan = chain.plan()
+            done = chain.stats.transitions
+            completions = await coordinator.submit.remote(chain_id, plan, done - reported)
+            reported = done
+            run.advance(plan, completions)
+            if on_round is not None:
+                await on_round(chain)
+    finally:
+        await coordinator.chain_finished.remote(chain_id, chain.stats.transitions - reported)
+    return run.result()
 
 
 def start_chain_actors(coordinator, eos_token_id: int | None, settings, chains_per_actor: int) -> list:
