@@ -24,28 +24,41 @@ def _validation_message(error: ValidationError, source: str) -> str:
     return f"{source}: invalid configuration: " + "; ".join(parts)
 
 
-def cmd_sample(args: argparse.Namespace) -> int:
-    from presto_ray.job import JobConfig, build_engine, run_job
-    from presto_ray.models import ModelProvisionError
-    from presto_ray.output import write_parquet_atomic
-    from presto_ray.progress import Progress
-    from presto_ray.prompts import PromptFileError, read_prompts
+def _load_job_config(args: argparse.Namespace):
+    """The job config from --config plus command-line overrides; a message string on bad input."""
+    from presto_ray.job import JobConfig
 
     source = args.config or "default configuration"
     try:
         config = JobConfig.from_yaml(args.config) if args.config else JobConfig()
         overrides = {}
-        if args.chains is not None:
+        if getattr(args, "chains", None) is not None:
             overrides["chains_per_prompt"] = args.chains
-        if args.seed is not None:
+        if getattr(args, "seed", None) is not None:
             overrides["sampler"] = {**config.sampler.model_dump(), "seed": args.seed}
+        serve = {k: getattr(args, k) for k in ("host", "port") if getattr(args, k, None) is not None}
+        if serve:
+            overrides["serve"] = {**config.serve.model_dump(), **serve}
         if overrides:
             source += " with command-line overrides"
             config = JobConfig.model_validate({**config.model_dump(), **overrides})
     except ValidationError as e:
-        return _fail(_validation_message(e, source))
+        return _validation_message(e, source)
     except (OSError, ValueError) as e:
-        return _fail(f"{args.config}: {e}")
+        return f"{args.config}: {e}"
+    return config
+
+
+def cmd_sample(args: argparse.Namespace) -> int:
+    from presto_ray.job import build_engine, run_job
+    from presto_ray.models import ModelProvisionError
+    from presto_ray.output import write_parquet_atomic
+    from presto_ray.progress import Progress
+    from presto_ray.prompts import PromptFileError, read_prompts
+
+    config = _load_job_config(args)
+    if isinstance(config, str):
+        return _fail(config)
     try:
         items = read_prompts(args.prompts)
     except PromptFileError as e:
@@ -189,6 +202,18 @@ def cmd_bench_ray(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    config = _load_job_config(args)
+    if isinstance(config, str):
+        return _fail(config)
+    try:
+        from deployments.serve_app import run_service
+    except ImportError as e:
+        return _fail(f"serve needs Ray Serve: pip install 'presto-ray[ray]' ({e})")
+    run_service(config, address=args.address)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="presto-ray", description="Exact power sampling with PreSTO prefetching.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -229,6 +254,13 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--png", default="bench/results/vllm_cpu.png")
     r.add_argument("--variants", action="store_true", help="PowerMH, EntropyCut and MultiTryMH: serial vs predictive")
     r.set_defaults(func=cmd_bench_real)
+
+    v = sub.add_parser("serve", help="the OpenAI-compatible HTTP service on Ray Serve (Ctrl-C stops it)")
+    v.add_argument("--config", default=None, help="YAML job config (engine, sampler defaults, ray, serve)")
+    v.add_argument("--host", default=None, help="bind address (overrides serve.host; default 127.0.0.1)")
+    v.add_argument("--port", type=int, default=None, help="port (overrides serve.port; default 8000)")
+    v.add_argument("--address", default=None, help="Ray cluster address (default: RAY_ADDRESS, else a local Ray)")
+    v.set_defaults(func=cmd_serve)
 
     y = sub.add_parser("bench-ray", help="Ray throughput against concurrent chains (toy latency model, vLLM)")
     y.add_argument("--chains", default="1,2,4,8,16,32,64", help="chain counts on the toy engine")

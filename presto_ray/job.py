@@ -18,6 +18,7 @@ from presto_ray.engines.vllm_engine import VLLMEngineConfig
 from presto_ray.keys import derive_seed
 from presto_ray.prompts import PromptItem
 from presto_ray.ray_config import RaySettings
+from presto_ray.serve_config import ServeSettings
 
 
 class ToyEngineSpec(BaseModel):
@@ -74,7 +75,8 @@ class JobConfig(BaseModel):
     sampler: SamplerConfig = SamplerConfig(block_size=48, mh_steps=10, prefetch_budget=8)
     chains_per_prompt: int = Field(2, ge=1, le=10_000, description="Independent chains per prompt.")
     max_active_chains: int = Field(64, ge=1, le=100_000, description="Chains whose requests share each call.")
-    ray: RaySettings = Field(RaySettings(), description="Replicas, chain actors and batching for `sample --ray`.")
+    ray: RaySettings = Field(RaySettings(), description="Replicas, chain actors and batching for `sample --ray` and Serve.")
+    serve: ServeSettings = Field(ServeSettings(), description="The HTTP service (`presto-ray serve`).")
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> "JobConfig":

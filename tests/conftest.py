@@ -66,3 +66,18 @@ def ray_address():
     ray.init(num_cpus=2, include_dashboard=False)
     yield ray.get_runtime_context().gcs_address
     ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def serve_base_url(ray_address):
+    """Ray Serve's HTTP proxy on 127.0.0.1 at a free port; test modules deploy apps under prefixes."""
+    import socket
+
+    from ray import serve
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    yield f"http://127.0.0.1:{port}"
+    serve.shutdown()

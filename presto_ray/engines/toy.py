@@ -193,6 +193,8 @@ class ToyTokenizer:
     def encode(self, text: str) -> list[int]:
         return [self._ids[b % len(self._ids)] for b in text.encode("utf-8")]
 
+    encode_raw = encode  # the toy has no chat template to leave out
+
     def apply_chat_template(self, messages) -> list[int]:
         return self.encode("".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant: ")
 

@@ -74,12 +74,17 @@ class HFTokenizer:
     def __init__(self, tokenizer, use_chat_template: bool) -> None:
         self._tokenizer = tokenizer
         self.eos_token_id = tokenizer.eos_token_id
+        self.vocab_size = len(tokenizer)
         self.has_chat_template = bool(getattr(tokenizer, "chat_template", None))
         self.use_chat_template = use_chat_template and self.has_chat_template
 
     def encode(self, text: str) -> list[int]:
         if self.use_chat_template:
             return self.apply_chat_template([{"role": "user", "content": text}])
+        return self.encode_raw(text)
+
+    def encode_raw(self, text: str) -> list[int]:
+        """The text as it is, never wrapped in the chat template (the completions API)."""
         return list(self._tokenizer.encode(text, add_special_tokens=True))
 
     def apply_chat_template(self, messages) -> list[int]:

@@ -1,0 +1,29 @@
+"""Settings of the HTTP service (`serve:` in the job config). Plain pydantic: no Ray needed."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+API_KEY_ENV = "PRESTO_RAY_API_KEY"
+
+
+class ServeSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model_name: str | None = Field(
+        None, description="The model id clients name and /v1/models lists; None: derived from the engine."
+    )
+    api_key: str | None = Field(
+        None, description=f"Bearer token every request must carry; the environment variable {API_KEY_ENV} overrides it."
+    )
+    host: str = Field("127.0.0.1", description="Address the HTTP proxy binds (0.0.0.0 in a cluster).")
+    port: int = Field(8000, ge=1, le=65535)
+    max_body_bytes: int = Field(1_000_000, ge=1024, description="Larger request bodies get 413.")
+    default_max_tokens: int = Field(64, ge=1, description="max_tokens when a request names none.")
+    max_tokens_limit: int = Field(2048, ge=1, description="Largest max_tokens (horizon) a request may ask for.")
+    max_n: int = Field(16, ge=1, description="Most chains (choices) per request.")
+    max_mh_steps: int = Field(1000, ge=1, description="Most MH steps per block a request may ask for.")
+    max_prefetch_budget: int = Field(256, ge=1, description="Largest prefetch budget a request may ask for.")
+    max_context_tokens: int = Field(
+        4096, ge=16, description="Prompt + max_tokens limit for engines without their own (the toy)."
+    )

@@ -1,0 +1,116 @@
+"""KubeRay manifests and the Serve config file: they parse, use ray.io/v1, agree with the cluster
+config, and their import path and arguments build the real application object."""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+import pytest
+import yaml
+
+from presto_ray.job import JobConfig
+
+ROOT = Path(__file__).resolve().parent.parent
+K8S = ROOT / "k8s"
+pytest.importorskip("ray")
+
+
+def load(name: str) -> dict:
+    return yaml.safe_load((K8S / name).read_text())
+
+
+def cluster_specs() -> dict:
+    return {
+        "rayservice.yaml": load("rayservice.yaml")["spec"]["rayClusterConfig"],
+        "rayjob.yaml": load("rayjob.yaml")["spec"]["rayClusterSpec"],
+        "raycluster.yaml": load("raycluster.yaml")["spec"],
+    }
+
+
+def in_repo(path: str) -> Path:
+    """The image copies the repository to /app (k8s/Dockerfile)."""
+    assert path.startswith("/app/"), path
+    return ROOT / path.removeprefix("/app/")
+
+
+def build_from(app: dict):
+    module, attribute = app["import_path"].split(":")
+    builder = getattr(importlib.import_module(module), attribute)
+    args = dict(app.get("args") or {})
+    if "config" in args:
+        args["config"] = str(in_repo(args["config"]) if args["config"].startswith("/app/") else ROOT / args["config"])
+    return builder(args)
+
+
+def test_every_manifest_is_a_ray_io_v1_resource():
+    kinds = {name: load(name) for name in ("rayservice.yaml", "rayjob.yaml", "raycluster.yaml")}
+    assert {name: m["kind"] for name, m in kinds.items()} == {
+        "rayservice.yaml": "RayService", "rayjob.yaml": "RayJob", "raycluster.yaml": "RayCluster"
+    }  # fmt: skip
+    assert all(m["apiVersion"] == "ray.io/v1" for m in kinds.values())
+    claims = list(yaml.safe_load_all((K8S / "volumes.yaml").read_text()))
+    assert {c["metadata"]["name"] for c in claims} == {"presto-models", "presto-data"}
+
+
+@pytest.mark.parametrize("name", ["rayservice.yaml", "rayjob.yaml", "raycluster.yaml"])
+def test_cluster_matches_the_gpu_config_and_the_image(name):
+    import ray
+    from ray.serve.schema import ServeDeploySchema  # noqa: F401  (Serve is installed where CI runs)
+
+    spec = cluster_specs()[name]
+    config = JobConfig.from_yaml(ROOT / "configs" / "cluster.yaml")
+    dockerfile = (K8S / "Dockerfile").read_text()
+    base_version = dockerfile.split("rayproject/ray:")[1].split("-")[0]
+    assert spec["rayVersion"] == base_version
+    assert ray.__version__.split(".")[:1] == base_version.split(".")[:1]
+    head = spec["headGroupSpec"]
+    assert head["rayStartParams"]["num-gpus"] == "0"
+    head_container = head["template"]["spec"]["containers"][0]
+    assert "nvidia.com/gpu" not in head_container["resources"]["limits"]
+    (workers,) = spec["workerGroupSpecs"]
+    container = workers["template"]["spec"]["containers"][0]
+    gpus = int(container["resources"]["limits"]["nvidia.com/gpu"])
+    assert workers["replicas"] * gpus >= config.ray.num_replicas * config.ray.replica_num_gpus
+    assert float(container["resources"]["limits"]["cpu"]) >= config.ray.replica_num_cpus
+    images = {c["image"] for c in (head_container, container)}
+    assert len(images) == 1 and images.pop().endswith("-gpu")
+    mounts = {m["mountPath"] for m in container.get("volumeMounts", [])}
+    assert any(config.engine.model.startswith(m + "/") for m in mounts), "workers must see the model folder"
+
+
+def test_rayservice_serve_config_builds_the_real_application():
+    from ray.serve.schema import ServeDeploySchema
+
+    from deployments.serve_app import PrestoIngress
+
+    serve_config = yaml.safe_load(load("rayservice.yaml")["spec"]["serveConfigV2"])
+    ServeDeploySchema.model_validate(serve_config)
+    (app,) = serve_config["applications"]
+    application = build_from(app)
+    assert application._bound_deployment.func_or_class is PrestoIngress.func_or_class
+    assert JobConfig.model_validate(application._bound_deployment.init_args[0]) == JobConfig.from_yaml(
+        in_repo(app["args"]["config"])
+    )
+
+
+def test_serve_run_config_builds_the_real_application():
+    from ray.serve.schema import ServeDeploySchema
+
+    serve_config = yaml.safe_load((ROOT / "deployments" / "serve_config.yaml").read_text())
+    ServeDeploySchema.model_validate(serve_config)
+    (app,) = serve_config["applications"]
+    application = build_from(app)
+    assert JobConfig.model_validate(application._bound_deployment.init_args[0]).engine.kind == "vllm"
+
+
+def test_rayjob_entrypoint_is_the_batch_job_on_existing_paths():
+    from presto_ray.cli import build_parser
+
+    entrypoint = load("rayjob.yaml")["spec"]["entrypoint"].split()
+    assert entrypoint[:2] == ["presto-ray", "sample"]
+    args = build_parser().parse_args(entrypoint[1:])
+    assert args.ray and in_repo(args.config).exists()
+    assert args.out.startswith("/data/") and args.prompts.startswith("/data/")
+    head = load("rayjob.yaml")["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"][0]
+    assert any(m["mountPath"] == "/data" for m in head["volumeMounts"])
