@@ -116,8 +116,9 @@ class PrestoIngress:
         seed = body.seed if body.seed is not None else random.randrange(2**31)
         rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
         chains = [Chain(prompt, config.model_copy(update={"seed": derive_seed(seed, i)}), self.tokenizer.eos_token_id) for i in range(body.n)]
+        # not pre-registered with the coordinator (as batch jobs do): a request cancelled before its
+        # chains start would leave them registered for good; the n chains' first plans arrive together
         ids = [(rid, i) for i in range(body.n)]
-        await self.coordinator.register_chains.remote(ids)
         if body.stream:
             events = self._stream(rid, chat, chains, ids, seed, len(prompt))
             return StreamingResponse(events, media_type="text/event-stream")
