@@ -79,18 +79,14 @@ class PrestoIngress:
 
     @api.get("/v1/models")
     async def models(self, request: Request):
-        try:
-            self._authorize(request)
-        except ApiError as e:
-            return JSONResponse(e.body(), e.status)
+        if denied := self._denied(request):
+            return denied
         return {"object": "list", "data": [{"id": self.model_name, "object": "model", "created": 0, "owned_by": "presto-ray"}]}
 
     @api.get("/v1/stats")
     async def stats(self, request: Request):
-        try:
-            self._authorize(request)
-        except ApiError as e:
-            return JSONResponse(e.body(), e.status)
+        if denied := self._denied(request):
+            return denied
         return await self.coordinator.get_stats.remote()
 
     @api.post("/v1/completions")
@@ -165,6 +161,13 @@ class PrestoIngress:
                 task.cancel()  # the client went away: stop its chains
 
     # --- helpers -------------------------------------------------------------------------
+    def _denied(self, request: Request) -> JSONResponse | None:
+        try:
+            self._authorize(request)
+        except ApiError as e:
+            return JSONResponse(e.body(), e.status)
+        return None
+
     def _authorize(self, request: Request) -> None:
         if self.api_key and request.headers.get("authorization") != f"Bearer {self.api_key}":
             raise ApiError(401, "missing or wrong API key: send 'Authorization: Bearer <key>'", None, "invalid_api_key")
