@@ -132,6 +132,7 @@ class Coordinator:
         out["calls_per_replica"] = list(self.calls_per_replica)
         out["healthy"] = list(self.healthy)
         out["inflight_calls"] = sum(self.inflight_calls)
+        out["inflight_calls_per_replica"] = list(self.inflight_calls)
         out["queue_depth"] = sum(len(q) for q in self.queues)
         out["chains_active"] = len(self.active_chains)
         return out
