@@ -272,3 +272,27 @@ def test_bench_ray_runs_and_checks_its_samples(ray_address, tmp_path):
     assert json.loads((tmp_path / "ray.json").read_text())["rows"][0]["chains"] == 2
     assert (tmp_path / "ray.png").stat().st_size > 0
     assert "trans/s" in format_report(report)
+
+
+def test_coordinator_metrics_reach_the_prometheus_endpoint(ray_address, tmp_path):
+    import httpx
+
+    items, config = toy_job(prompts=2, chains=2)
+    _, stats = run(items, config, tmp_path / "out")
+    port = ray._private.worker.global_worker.node.metrics_export_port
+    wanted = {
+        "ray_presto_engine_calls_total", "ray_presto_engine_requests_total", "ray_presto_requests_per_call_count",
+        "ray_presto_queue_depth", "ray_presto_chains_active", "ray_presto_cached_token_share",
+        "ray_presto_transitions_total", "ray_presto_transitions_per_call", "ray_presto_prompt_tokens_total",
+    }  # fmt: skip
+    deadline, samples = time.monotonic() + 90, {}
+    while time.monotonic() < deadline:  # the metrics agent exports every few seconds
+        lines = [line for line in httpx.get(f"http://127.0.0.1:{port}/metrics").text.splitlines() if line.startswith("ray_presto_")]
+        samples = {}
+        for line in lines:
+            samples.setdefault(line.split("{")[0], []).append(float(line.rsplit(" ", 1)[1]))
+        if wanted <= samples.keys() and sum(samples["ray_presto_engine_calls_total"]) >= stats["calls"]:
+            break
+        time.sleep(1)
+    assert wanted <= samples.keys(), sorted(samples)
+    assert sum(samples["ray_presto_engine_calls_total"]) >= stats["calls"] > 0
