@@ -26,6 +26,7 @@ import zlib
 from collections import deque
 from dataclasses import dataclass
 
+import ray
 from ray.exceptions import RayActorError
 
 from actors.metrics import CoordinatorMetrics
@@ -61,6 +62,16 @@ class CoordinatorStats:
     max_queue_depth: int = 0
     max_requests_per_call: int = 0
     affinity_misses: int = 0  # requests sent away from their prompt's preferred replica
+
+
+def start_coordinator(replicas: list, settings):
+    """The coordinator actor. Its state is soft (queues of in-flight rounds), so Ray may restart
+    it: the rounds it held fail in their chains, which the drivers replay from their keys."""
+    return (
+        ray.remote(Coordinator)
+        .options(num_cpus=0, max_concurrency=100_000, max_restarts=settings.coordinator_max_restarts)
+        .remote(replicas, settings)
+    )
 
 
 class Coordinator:

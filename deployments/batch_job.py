@@ -21,7 +21,7 @@ import ray
 from ray.exceptions import RayActorError
 
 from actors.chain_actor import ChainWork, start_chain_actors
-from actors.coordinator import Coordinator
+from actors.coordinator import start_coordinator
 from actors.engine_replica import start_replicas
 from presto_ray.job import JobConfig, JobSummary, build_tokenizer, encode_prompt, prompt_seed, sample_row
 from presto_ray.output import ShardedParquet
@@ -75,9 +75,7 @@ class RayJob:
         settings = self.config.ray
         if not self.replicas:
             self.replicas = start_replicas(self.config.engine, settings)
-        self.coordinator = (
-            ray.remote(Coordinator).options(num_cpus=0, max_concurrency=100_000).remote(self.replicas, settings)
-        )
+        self.coordinator = start_coordinator(self.replicas, settings)
         per_actor = math.ceil(self.config.max_active_chains / settings.chain_actors)
         self.chain_actors = start_chain_actors(self.coordinator, self.tokenizer.eos_token_id, settings, per_actor)
 

@@ -20,13 +20,12 @@ import random
 import uuid
 from pathlib import Path
 
-import ray
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from ray import serve
 
 from actors.chain_actor import drive_chain
-from actors.coordinator import Coordinator
+from actors.coordinator import start_coordinator
 from actors.engine_replica import start_replicas
 from presto_ray.chain import Chain
 from presto_ray.job import JobConfig, ToyEngineSpec, build_tokenizer
@@ -67,9 +66,7 @@ class PrestoIngress:
         engine = self.config.engine
         self.context = self.settings.max_context_tokens if isinstance(engine, ToyEngineSpec) else engine.max_model_len
         self.replicas = start_replicas(engine, self.config.ray)
-        self.coordinator = (
-            ray.remote(Coordinator).options(num_cpus=0, max_concurrency=100_000).remote(self.replicas, self.config.ray)
-        )
+        self.coordinator = start_coordinator(self.replicas, self.config.ray)
         self._requests = itertools.count()
 
     # --- routes --------------------------------------------------------------------------

@@ -140,6 +140,25 @@ def test_a_killed_chain_actor_replays_its_chains(ray_address, tmp_path):
     assert_same_samples(read_samples(tmp_path / "out").to_pylist(), reference(items, config))
 
 
+def test_a_killed_coordinator_restarts_and_its_chains_replay(ray_address, tmp_path):
+    items, config = toy_job(prompts=4, chains=2)
+    config = config.model_copy(update={"engine": config.engine.model_copy(update={"call_latency_s": 0.05})})
+    job = RayJob(items, config, tmp_path / "out")
+    killed = []
+
+    def kill_once(row):
+        if not killed:
+            ray.kill(job.coordinator, no_restart=False)  # every waiting round is lost with it
+            killed.append(row)
+
+    try:
+        summary = job.run(on_sample=kill_once)
+    finally:
+        job.shutdown()
+    assert summary.replayed_chains >= 1
+    assert_same_samples(read_samples(tmp_path / "out").to_pylist(), reference(items, config))
+
+
 @pytest.mark.parametrize("replicas", [1, 2], ids=["restarted-replica", "other-replica"])
 def test_a_replica_killed_mid_call_has_its_requests_resent(ray_address, tmp_path, replicas):
     items, config = toy_job(prompts=4, chains=2, num_replicas=replicas)
