@@ -24,13 +24,13 @@ import asyncio
 import time
 import zlib
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import ray
 from ray.exceptions import RayActorError
 
 from actors.metrics import CoordinatorMetrics
-from presto_ray.engines.base import Completion, ProposalRequest
+from presto_ray.engines.base import CallAccounting, Completion, ProposalRequest
 
 # How long a dead replica may take to come back (a vLLM replica restarts in ~30-60 s on CPUs).
 REPLICA_RESTART_TIMEOUT_S = 300.0
@@ -46,15 +46,10 @@ class _Queued:
 
 @dataclass
 class CoordinatorStats:
-    calls: int = 0
-    requests: int = 0  # distinct requests sent to replicas (retries included)
+    """What the coordinator itself counts; what the calls cost is summed in a CallAccounting."""
+
     submitted_requests: int = 0  # requests chains asked for
     deduplicated: int = 0  # asked-for requests served by another chain's identical request
-    prompt_tokens: int = 0
-    cached_prompt_tokens: int = 0
-    generated_tokens: int = 0
-    scoring_tokens: int = 0
-    engine_time_s: float = 0.0
     transitions: int = 0
     chains_finished: int = 0
     replica_failures: int = 0  # calls lost to a dead replica (their requests were re-sent)
@@ -88,6 +83,7 @@ class Coordinator:
         self.active_chains: set = set()
         self.waiting: dict[object, int] = {}
         self.stats = CoordinatorStats()
+        self.accounting = CallAccounting()  # every call's cost, as the replicas measured it
         self.metrics = CoordinatorMetrics()
         self._last_activity = 0.0
         self._wake: asyncio.Event | None = None
@@ -135,39 +131,48 @@ class Coordinator:
             self._wake.set()  # the remaining chains may now all be waiting
 
     def get_stats(self) -> dict:
-        s = self.stats
-        out = dict(vars(s))
-        out["requests_per_call"] = s.requests / s.calls if s.calls else 0.0
-        out["transitions_per_call"] = s.transitions / s.calls if s.calls else 0.0
-        out["cached_token_share"] = s.cached_prompt_tokens / s.prompt_tokens if s.prompt_tokens else 0.0
-        out["calls_per_replica"] = list(self.calls_per_replica)
-        out["healthy"] = list(self.healthy)
-        out["inflight_calls"] = sum(self.inflight_calls)
-        out["inflight_calls_per_replica"] = list(self.inflight_calls)
-        out["queue_depth"] = sum(len(q) for q in self.queues)
-        out["chains_active"] = len(self.active_chains)
-        return out
+        """Counters and call costs: `accounting` holds the CallAccounting fields, and the flat keys
+        repeat the ones dashboards and tests read most."""
+        s, a = self.stats, self.accounting
+        return {
+            **vars(s),
+            "accounting": asdict(a),
+            "calls": a.calls,
+            "requests": a.num_requests,  # distinct requests sent to replicas (retries included)
+            "prompt_tokens": a.prompt_tokens,
+            "cached_prompt_tokens": a.cached_prompt_tokens,
+            "scoring_tokens": a.scoring_tokens,
+            "engine_time_s": a.wall_time_s,
+            "requests_per_call": a.num_requests / a.calls if a.calls else 0.0,
+            "transitions_per_call": s.transitions / a.calls if a.calls else 0.0,
+            "cached_token_share": a.cached_prompt_tokens / a.prompt_tokens if a.prompt_tokens else 0.0,
+            "calls_per_replica": list(self.calls_per_replica),
+            "healthy": list(self.healthy),
+            "inflight_calls": sum(self.inflight_calls),
+            "inflight_calls_per_replica": list(self.inflight_calls),
+            "queue_depth": sum(len(q) for q in self.queues),
+            "chains_active": len(self.active_chains),
+        }
 
     # --- routing -------------------------------------------------------------------------
-    def _preferred(self, request: ProposalRequest, candidates: list[int]) -> int:
-        head = ",".join(map(str, request.prompt_token_ids[: self.settings.affinity_tokens])).encode()
-        key = zlib.crc32(head)
-        return max(candidates, key=lambda i: zlib.crc32(f"{key}:{i}".encode()))  # rendezvous hashing
+    def _ranking(self, request: ProposalRequest) -> list[int]:
+        """Replicas by rendezvous weight for the prompt's first tokens, computed once per request:
+        adding or losing a replica moves only the prompts it held."""
+        key = zlib.crc32(",".join(map(str, request.prompt_token_ids[: self.settings.affinity_tokens])).encode())
+        return sorted(range(len(self.replicas)), key=lambda i: zlib.crc32(f"{key}:{i}".encode()), reverse=True)
 
     def _load(self, i: int) -> int:
         return len(self.queues[i]) + self.inflight_requests[i]
 
     def _enqueue(self, item: _Queued, avoid: int | None = None) -> None:
-        everyone = list(range(len(self.replicas)))
-        candidates = [i for i in everyone if self.healthy[i] and i != avoid] or [
-            i for i in everyone if self.healthy[i]
-        ] or everyone
-        preferred = self._preferred(item.request, candidates)
-        idlest = min(candidates, key=self._load)
-        target = preferred
-        if self._load(preferred) > self._load(idlest) + self.settings.affinity_slack:
+        ranking = self._ranking(item.request)
+        candidates = [i for i in ranking if self.healthy[i] and i != avoid] or [
+            i for i in ranking if self.healthy[i]
+        ] or ranking
+        target, idlest = candidates[0], min(candidates, key=self._load)
+        if self._load(target) > self._load(idlest) + self.settings.affinity_slack:
             target = idlest
-        if target != self._preferred(item.request, everyone):
+        if target != ranking[0]:
             self.stats.affinity_misses += 1
         self.queues[target].append(item)
         depth = sum(len(q) for q in self.queues)
@@ -181,7 +186,8 @@ class Coordinator:
             self._dispatcher = asyncio.get_running_loop().create_task(self._dispatch_loop())
 
     def _all_planned(self) -> bool:
-        return all(chain in self.waiting for chain in self.active_chains)
+        # waiting is a subset of active_chains (submit adds a chain to both), so counting suffices
+        return len(self.waiting) >= len(self.active_chains)
 
     async def _dispatch_loop(self) -> None:
         s = self.settings
@@ -244,23 +250,16 @@ class Coordinator:
         else:
             item.future.set_result(completion)
 
-    def _record_call(self, i: int, size: int, accounting) -> None:
-        s = self.stats
-        s.calls += 1
-        s.requests += size
-        s.prompt_tokens += accounting.prompt_tokens
-        s.cached_prompt_tokens += accounting.cached_prompt_tokens
-        s.generated_tokens += accounting.generated_tokens
-        s.scoring_tokens += accounting.scoring_tokens
-        s.engine_time_s += accounting.wall_time_s
-        s.max_requests_per_call = max(s.max_requests_per_call, size)
+    def _record_call(self, i: int, size: int, accounting: CallAccounting) -> None:
+        self.accounting.add(accounting)
+        self.stats.max_requests_per_call = max(self.stats.max_requests_per_call, size)
         self.calls_per_replica[i] += 1
-        self.metrics.record_call(i, size, accounting, s)
+        self.metrics.record_call(i, size, accounting, self.accounting, self.stats.transitions)
 
     def _count_transitions(self, transitions: int) -> None:
         if transitions:
             self.stats.transitions += transitions
-            self.metrics.record_transitions(transitions, self.stats)
+            self.metrics.record_transitions(transitions, self.stats.transitions, self.accounting.calls)
 
     # --- replica failures ----------------------------------------------------------------
     def _replica_failed(self, i: int, batch: list[_Queued]) -> None:

@@ -23,7 +23,8 @@ class CoordinatorMetrics:
         self.transitions_per_call = Gauge("presto_transitions_per_call", "MH steps per engine call so far.")
         self.replica_failures = Counter("presto_replica_failures", "Calls lost to a dead replica (re-sent).")
 
-    def record_call(self, replica: int, size: int, accounting, totals) -> None:
+    def record_call(self, replica: int, size: int, accounting, totals, transitions: int) -> None:
+        """One call's `accounting`; `totals`: every call's so far; `transitions`: all chains' so far."""
         self.calls.inc(1, tags={"replica": str(replica)})
         self.requests.inc(size)
         self.requests_per_call.observe(size)
@@ -33,9 +34,9 @@ class CoordinatorMetrics:
             self.cached_prompt_tokens.inc(accounting.cached_prompt_tokens)
         if totals.prompt_tokens:
             self.cached_token_share.set(totals.cached_prompt_tokens / totals.prompt_tokens)
-        self.transitions_per_call.set(totals.transitions / totals.calls)
+        self.transitions_per_call.set(transitions / totals.calls)
 
-    def record_transitions(self, count: int, totals) -> None:
+    def record_transitions(self, count: int, transitions: int, calls: int) -> None:
         self.transitions.inc(count)
-        if totals.calls:
-            self.transitions_per_call.set(totals.transitions / totals.calls)
+        if calls:
+            self.transitions_per_call.set(transitions / calls)

@@ -55,7 +55,6 @@ class RayJob:
         self._owns_replicas = not self.replicas
         self.chain_actors: list = []
         self.coordinator = None
-        self.replayed_chains = 0
 
     def pending_work(self) -> tuple[list[ChainWork], int]:
         """The pairs still to sample, and how many the output folder already holds."""
@@ -94,7 +93,6 @@ class RayJob:
             self.writer.flush()  # finished samples reach disk even when the job fails
         if self.coordinator is not None:
             summary.add_coordinator(ray.get(self.coordinator.get_stats.remote()))
-        summary.replayed_chains = self.replayed_chains
         summary.wall_time_s = time.perf_counter() - start
         return summary
 
@@ -123,7 +121,7 @@ class RayJob:
                     attempts[item.chain_id] = attempts.get(item.chain_id, 0) + 1
                     if attempts[item.chain_id] >= MAX_CHAIN_ATTEMPTS:
                         raise
-                    self.replayed_chains += 1
+                    summary.replayed_chains += 1
                     queue.appendleft(item)
                     continue
                 row = sample_row(*item.chain_id, item.config.seed, result, self.tokenizer, self.tokenizer.eos_token_id, self.sampler_json)

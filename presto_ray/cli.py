@@ -24,8 +24,12 @@ def _validation_message(error: ValidationError, source: str) -> str:
     return f"{source}: invalid configuration: " + "; ".join(parts)
 
 
+class _BadInput(Exception):
+    """A message for the user (exit status 2)."""
+
+
 def _load_job_config(args: argparse.Namespace):
-    """The job config from --config plus command-line overrides; a message string on bad input."""
+    """The job config from --config plus command-line overrides; _BadInput names what is wrong."""
     from presto_ray.job import JobConfig
 
     source = args.config or "default configuration"
@@ -43,9 +47,9 @@ def _load_job_config(args: argparse.Namespace):
             source += " with command-line overrides"
             config = JobConfig.model_validate({**config.model_dump(), **overrides})
     except ValidationError as e:
-        return _validation_message(e, source)
+        raise _BadInput(_validation_message(e, source)) from None
     except (OSError, ValueError) as e:
-        return f"{args.config}: {e}"
+        raise _BadInput(f"{args.config}: {e}") from None
     return config
 
 
@@ -56,9 +60,10 @@ def cmd_sample(args: argparse.Namespace) -> int:
     from presto_ray.progress import Progress
     from presto_ray.prompts import PromptFileError, read_prompts
 
-    config = _load_job_config(args)
-    if isinstance(config, str):
-        return _fail(config)
+    try:
+        config = _load_job_config(args)
+    except _BadInput as e:
+        return _fail(str(e))
     try:
         items = read_prompts(args.prompts)
     except PromptFileError as e:
@@ -203,9 +208,10 @@ def cmd_bench_ray(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    config = _load_job_config(args)
-    if isinstance(config, str):
-        return _fail(config)
+    try:
+        config = _load_job_config(args)
+    except _BadInput as e:
+        return _fail(str(e))
     try:
         from deployments.serve_app import run_service
     except ImportError as e:

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from presto_ray.config import SamplerConfig
 from presto_ray.driver import sample_many
+from presto_ray.engines.base import CallAccounting
 from presto_ray.engines.toy import ToyEngine, ToyTokenizer
 from presto_ray.engines.vllm_engine import VLLMEngineConfig
 from presto_ray.keys import derive_seed
@@ -125,11 +126,7 @@ class JobSummary:
 
     def add_coordinator(self, stats: dict) -> None:
         """The Ray coordinator's totals: calls are merged across chains, so count them there."""
-        self.engine_calls = stats["calls"]
-        self.prompt_tokens = stats["prompt_tokens"]
-        self.cached_prompt_tokens = stats["cached_prompt_tokens"]
-        self.generated_tokens = stats["generated_tokens"]
-        self.scoring_tokens = stats["scoring_tokens"]
+        self.add_accounting(CallAccounting(**stats["accounting"]))
         self.resent_requests = stats["resent_requests"]
 
     def lines(self) -> list[str]:

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import json
-import time
 import os
 import tempfile
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
@@ -77,10 +77,9 @@ class ShardedParquet:
         self._count = 0
         self._rows: list[dict] = []
         self._last_flush = time.monotonic()
-        self.rows_written = 0
 
     def shards(self) -> list[Path]:
-        return sorted(self.directory.glob("part-*.parquet")) if self.directory.is_dir() else []
+        return _shards(self.directory)
 
     def finished(self, config_json: str) -> set[tuple[str, int]]:
         """The pairs already written; refuses shards written with another sampler config."""
@@ -106,14 +105,17 @@ class ShardedParquet:
             return
         write_parquet_atomic(self._rows, self.directory / f"part-{self._run}-{self._count:05d}.parquet")
         self._count += 1
-        self.rows_written += len(self._rows)
         self._rows = []
+
+
+def _shards(directory: Path) -> list[Path]:
+    return sorted(directory.glob("part-*.parquet")) if directory.is_dir() else []
 
 
 def read_samples(path: str | Path) -> pa.Table:
     """A sample file or a folder of shards, as one table."""
     path = Path(path)
     if path.is_dir():
-        shards = sorted(path.glob("part-*.parquet"))
+        shards = _shards(path)
         return pa.concat_tables([pq.read_table(s) for s in shards]) if shards else SAMPLE_SCHEMA.empty_table()
     return pq.read_table(path)

@@ -121,7 +121,15 @@ def test_identical_requests_are_computed_once(ray_address):
             ray.kill(actor)
 
 
-def test_a_killed_chain_actor_replays_its_chains(ray_address, tmp_path):
+@pytest.mark.parametrize(
+    "victim",
+    [
+        lambda job: job.chain_actors[0],  # Ray restarts it; its chains are lost
+        lambda job: job.coordinator,  # Ray restarts it; every waiting round is lost with it
+    ],
+    ids=["chain-actor", "coordinator"],
+)
+def test_a_killed_actor_restarts_and_its_chains_replay(ray_address, tmp_path, victim):
     items, config = toy_job(prompts=4, chains=2, chain_actors=2)
     config = config.model_copy(update={"engine": config.engine.model_copy(update={"call_latency_s": 0.05})})
     job = RayJob(items, config, tmp_path / "out")
@@ -129,26 +137,7 @@ def test_a_killed_chain_actor_replays_its_chains(ray_address, tmp_path):
 
     def kill_once(row):
         if not killed:
-            ray.kill(job.chain_actors[0], no_restart=False)  # Ray restarts it; its chains are lost
-            killed.append(row)
-
-    try:
-        summary = job.run(on_sample=kill_once)
-    finally:
-        job.shutdown()
-    assert summary.replayed_chains >= 1
-    assert_same_samples(read_samples(tmp_path / "out").to_pylist(), reference(items, config))
-
-
-def test_a_killed_coordinator_restarts_and_its_chains_replay(ray_address, tmp_path):
-    items, config = toy_job(prompts=4, chains=2)
-    config = config.model_copy(update={"engine": config.engine.model_copy(update={"call_latency_s": 0.05})})
-    job = RayJob(items, config, tmp_path / "out")
-    killed = []
-
-    def kill_once(row):
-        if not killed:
-            ray.kill(job.coordinator, no_restart=False)  # every waiting round is lost with it
+            ray.kill(victim(job), no_restart=False)
             killed.append(row)
 
     try:
