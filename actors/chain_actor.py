@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import functools
+import time
 from dataclasses import dataclass
 
 import ray
 
+from actors.metrics import ChainMetrics
 from presto_ray.chain import Chain
 from presto_ray.config import SamplerConfig
-from presto_ray.driver import ChainRun
 from presto_ray.results import SampleResult
 
 
@@ -43,22 +45,25 @@ class ChainActor:
 async def drive_chain(coordinator, chain_id, chain: Chain, on_round=None) -> SampleResult:
     """Run `chain` to the end through the coordinator: the loop every Ray-side driver shares.
 
-    `on_round(chain)` (optional) is called after each round, e.g. to stream progress.
+    `on_round(chain)` (optional) is awaited after each round, e.g. to stream progress.
     """
-    run = ChainRun(chain)
-    reported = 0
+    metrics = _chain_metrics()
+    started = time.perf_counter()
     try:
         while not chain.done:
-            plan = chain.plan()
-            done = chain.stats.transitions
-            completions = await coordinator.submit.remote(chain_id, plan, done - reported)
-            reported = done
-            run.advance(plan, completions)
+            completions = await coordinator.submit.remote(chain_id, chain.plan())
+            metrics.record_round(chain.advance(completions).transitions)
             if on_round is not None:
                 await on_round(chain)
     finally:
-        await coordinator.chain_finished.remote(chain_id, chain.stats.transitions - reported)
-    return run.result()
+        await coordinator.chain_finished.remote(chain_id)
+    return chain.result(time.perf_counter() - started)
+
+
+@functools.cache
+def _chain_metrics() -> ChainMetrics:
+    """One set per process: Ray metrics are registered once and shared by every chain here."""
+    return ChainMetrics()
 
 
 def start_chain_actors(coordinator, eos_token_id: int | None, settings, chains_per_actor: int) -> list:

@@ -6,13 +6,8 @@ Chains `submit` the requests of their next round and await the completions. The 
   - routes: a prompt's requests go to the replica that rendezvous hashing picks for its first
     `affinity_tokens` tokens, so chains of one prompt share that replica's prefix cache, unless
     that replica's queue is `affinity_slack` requests longer than the idlest one's;
-  - batches: a replica's queue is dispatched as one call once every active chain has planned
-    (all are waiting on completions), or once no chain has submitted for `batch_window_s` (a
-    quiet period, counted from the last plan or the last finished call: chains still planning
-    keep the batch open while they keep arriving), or once
-    its oldest request has waited `max_batch_wait_s`, or once it holds `max_requests_per_call`;
-    at most `max_inflight_calls` calls run per replica, so requests that arrive during a call
-    merge into the next one;
+  - batches: when a replica's queue goes as one call is the BatchingPolicy's rule
+    (actors/batching.py); this actor only feeds it the clock, the queues and who has planned;
   - survives replicas: when a call fails because its replica died, the call's requests go to
     another healthy replica (or wait for the restarted one); a probe puts the replica back.
 Completions are deterministic functions of their requests, so none of this changes a sample.
@@ -24,11 +19,13 @@ import asyncio
 import time
 import zlib
 from collections import deque
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import ray
 from ray.exceptions import RayActorError
 
+from actors.batching import BatchingPolicy
+from actors.coordinator_stats import CoordinatorCounters, CoordinatorSnapshot
 from actors.metrics import CoordinatorMetrics
 from presto_ray.engines.base import CallAccounting, Completion, ProposalRequest
 
@@ -42,21 +39,6 @@ class _Queued:
     future: asyncio.Future
     enqueued: float
     attempts: int = 0
-
-
-@dataclass
-class CoordinatorStats:
-    """What the coordinator itself counts; what the calls cost is summed in a CallAccounting."""
-
-    submitted_requests: int = 0  # requests chains asked for
-    deduplicated: int = 0  # asked-for requests served by another chain's identical request
-    transitions: int = 0
-    chains_finished: int = 0
-    replica_failures: int = 0  # calls lost to a dead replica (their requests were re-sent)
-    resent_requests: int = 0
-    max_queue_depth: int = 0
-    max_requests_per_call: int = 0
-    affinity_misses: int = 0  # requests sent away from their prompt's preferred replica
 
 
 def start_coordinator(replicas: list, settings):
@@ -73,6 +55,7 @@ class Coordinator:
     def __init__(self, replicas: list, settings) -> None:
         self.replicas = list(replicas)
         self.settings = settings
+        self.policy = BatchingPolicy.from_settings(settings)
         n = len(self.replicas)
         self.healthy = [True] * n
         self.queues: list[deque[_Queued]] = [deque() for _ in range(n)]
@@ -82,7 +65,7 @@ class Coordinator:
         self.pending: dict[ProposalRequest, asyncio.Future] = {}
         self.active_chains: set = set()
         self.waiting: dict[object, int] = {}
-        self.stats = CoordinatorStats()
+        self.stats = CoordinatorCounters()
         self.accounting = CallAccounting()  # every call's cost, as the replicas measured it
         self.metrics = CoordinatorMetrics()
         self._last_activity = 0.0
@@ -90,11 +73,10 @@ class Coordinator:
         self._dispatcher: asyncio.Task | None = None
 
     # --- what chains call ----------------------------------------------------------------
-    async def submit(self, chain_id, requests: list[ProposalRequest], transitions: int = 0) -> list[Completion]:
-        """Completions for `requests`, in order; `transitions`: steps the chain finished since its last call."""
+    async def submit(self, chain_id, requests: list[ProposalRequest]) -> list[Completion]:
+        """Completions for `requests`, in order."""
         self._start()
         self.active_chains.add(chain_id)
-        self._count_transitions(transitions)
         loop = asyncio.get_running_loop()
         futures = []
         for request in requests:
@@ -122,37 +104,24 @@ class Coordinator:
         self.active_chains.update(chain_ids)
         self.metrics.chains_active.set(len(self.active_chains))
 
-    def chain_finished(self, chain_id, transitions: int = 0) -> None:
+    def chain_finished(self, chain_id) -> None:
         self.active_chains.discard(chain_id)
         self.stats.chains_finished += 1
-        self._count_transitions(transitions)
         self.metrics.chains_active.set(len(self.active_chains))
         if self._wake is not None:
             self._wake.set()  # the remaining chains may now all be waiting
 
-    def get_stats(self) -> dict:
-        """Counters and call costs: `accounting` holds the CallAccounting fields, and the flat keys
-        repeat the ones dashboards and tests read most."""
-        s, a = self.stats, self.accounting
-        return {
-            **vars(s),
-            "accounting": asdict(a),
-            "calls": a.calls,
-            "requests": a.num_requests,  # distinct requests sent to replicas (retries included)
-            "prompt_tokens": a.prompt_tokens,
-            "cached_prompt_tokens": a.cached_prompt_tokens,
-            "scoring_tokens": a.scoring_tokens,
-            "engine_time_s": a.wall_time_s,
-            "requests_per_call": a.num_requests / a.calls if a.calls else 0.0,
-            "transitions_per_call": s.transitions / a.calls if a.calls else 0.0,
-            "cached_token_share": a.cached_prompt_tokens / a.prompt_tokens if a.prompt_tokens else 0.0,
-            "calls_per_replica": list(self.calls_per_replica),
-            "healthy": list(self.healthy),
-            "inflight_calls": sum(self.inflight_calls),
-            "inflight_calls_per_replica": list(self.inflight_calls),
-            "queue_depth": sum(len(q) for q in self.queues),
-            "chains_active": len(self.active_chains),
-        }
+    def snapshot(self) -> CoordinatorSnapshot:
+        """Counters, call costs and per-replica state (copies: the caller may keep them)."""
+        return CoordinatorSnapshot(
+            counters=CoordinatorCounters(**vars(self.stats)),
+            accounting=CallAccounting(**vars(self.accounting)),
+            calls_per_replica=list(self.calls_per_replica),
+            inflight_calls_per_replica=list(self.inflight_calls),
+            healthy=list(self.healthy),
+            queue_depth=sum(len(q) for q in self.queues),
+            chains_active=len(self.active_chains),
+        )
 
     # --- routing -------------------------------------------------------------------------
     def _ranking(self, request: ProposalRequest) -> list[int]:
@@ -190,12 +159,11 @@ class Coordinator:
         return len(self.waiting) >= len(self.active_chains)
 
     async def _dispatch_loop(self) -> None:
-        s = self.settings
         while True:
             # only queues that could dispatch now need a timer; the others wait for a call to end
             oldest = [q[0].enqueued for i, q in enumerate(self.queues) if q and self._can_call(i)]
-            deadline = min(self._last_activity + s.batch_window_s, min(oldest) + s.max_batch_wait_s) if oldest else None
-            timeout = max(0.0, deadline - time.monotonic()) if oldest else None
+            deadline = self.policy.next_deadline(self._last_activity, min(oldest, default=None))
+            timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
             try:
                 await asyncio.wait_for(self._wake.wait(), timeout)
             except asyncio.TimeoutError:
@@ -204,18 +172,14 @@ class Coordinator:
             self._dispatch_ready(time.monotonic())
 
     def _can_call(self, i: int) -> bool:
-        return self.healthy[i] and self.inflight_calls[i] < self.settings.max_inflight_calls
+        return self.healthy[i] and self.policy.can_call(self.inflight_calls[i])
 
     def _dispatch_ready(self, now: float) -> None:
-        s = self.settings
-        release = self._all_planned() or now - self._last_activity >= s.batch_window_s
+        policy = self.policy
+        released = policy.round_released(now, self._last_activity, self._all_planned())
         for i, queue in enumerate(self.queues):
-            while (
-                queue
-                and self._can_call(i)
-                and (release or len(queue) >= s.max_requests_per_call or now - queue[0].enqueued >= s.max_batch_wait_s)
-            ):
-                batch = [queue.popleft() for _ in range(min(len(queue), s.max_requests_per_call))]
+            while self._can_call(i) and queue and policy.should_dispatch(now, len(queue), queue[0].enqueued, released):
+                batch = [queue.popleft() for _ in range(policy.batch_size(len(queue)))]
                 self.inflight_calls[i] += 1
                 self.inflight_requests[i] += len(batch)
                 asyncio.get_running_loop().create_task(self._call(i, batch))
@@ -254,12 +218,7 @@ class Coordinator:
         self.accounting.add(accounting)
         self.stats.max_requests_per_call = max(self.stats.max_requests_per_call, size)
         self.calls_per_replica[i] += 1
-        self.metrics.record_call(i, size, accounting, self.accounting, self.stats.transitions)
-
-    def _count_transitions(self, transitions: int) -> None:
-        if transitions:
-            self.stats.transitions += transitions
-            self.metrics.record_transitions(transitions, self.stats.transitions, self.accounting.calls)
+        self.metrics.record_call(i, size, accounting, self.accounting)
 
     # --- replica failures ----------------------------------------------------------------
     def _replica_failed(self, i: int, batch: list[_Queued]) -> None:

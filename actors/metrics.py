@@ -1,4 +1,4 @@
-"""The coordinator's Ray metrics (exported to Prometheus by every Ray node's metrics agent)."""
+"""presto-ray's Ray metrics (exported to Prometheus by every Ray node's metrics agent)."""
 
 from __future__ import annotations
 
@@ -19,12 +19,10 @@ class CoordinatorMetrics:
         self.prompt_tokens = Counter("presto_prompt_tokens", "Prompt tokens of all requests.")
         self.cached_prompt_tokens = Counter("presto_cached_prompt_tokens", "Prompt tokens read from the prefix cache.")
         self.cached_token_share = Gauge("presto_cached_token_share", "Cached share of prompt tokens so far.")
-        self.transitions = Counter("presto_transitions", "MH steps completed by all chains.")
-        self.transitions_per_call = Gauge("presto_transitions_per_call", "MH steps per engine call so far.")
         self.replica_failures = Counter("presto_replica_failures", "Calls lost to a dead replica (re-sent).")
 
-    def record_call(self, replica: int, size: int, accounting, totals, transitions: int) -> None:
-        """One call's `accounting`; `totals`: every call's so far; `transitions`: all chains' so far."""
+    def record_call(self, replica: int, size: int, accounting, totals) -> None:
+        """One call's `accounting`; `totals`: every call's so far."""
         self.calls.inc(1, tags={"replica": str(replica)})
         self.requests.inc(size)
         self.requests_per_call.observe(size)
@@ -34,9 +32,17 @@ class CoordinatorMetrics:
             self.cached_prompt_tokens.inc(accounting.cached_prompt_tokens)
         if totals.prompt_tokens:
             self.cached_token_share.set(totals.cached_prompt_tokens / totals.prompt_tokens)
-        self.transitions_per_call.set(transitions / totals.calls)
 
-    def record_transitions(self, count: int, transitions: int, calls: int) -> None:
-        self.transitions.inc(count)
-        if calls:
-            self.transitions_per_call.set(transitions / calls)
+
+class ChainMetrics:
+    """Recorded where chains run (chain actors, Serve replicas): transitions per call is
+    rate(presto_transitions) / rate(presto_engine_calls) in Prometheus."""
+
+    def __init__(self) -> None:
+        self.transitions = Counter("presto_transitions", "MH steps completed by all chains.")
+        self.rounds = Counter("presto_chain_rounds", "Rounds (calls waited on) summed over chains.")
+
+    def record_round(self, transitions: int) -> None:
+        self.rounds.inc(1)
+        if transitions:
+            self.transitions.inc(transitions)

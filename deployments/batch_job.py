@@ -21,20 +21,15 @@ import ray
 from ray.exceptions import RayActorError
 
 from actors.chain_actor import ChainWork, start_chain_actors
-from actors.coordinator import start_coordinator
-from actors.engine_replica import start_replicas
-from presto_ray.job import JobConfig, JobSummary, build_tokenizer, encode_prompt, prompt_seed, sample_row
-from presto_ray.output import ShardedParquet
+from actors.cluster import SamplingCluster
+from actors.coordinator_stats import CoordinatorSnapshot
+from presto_ray.engines import build_tokenizer
+from presto_ray.job import JobConfig, JobSummary, encode_prompt, prompt_seed
+from presto_ray.output import ShardedParquet, sample_row
 from presto_ray.prompts import PromptItem
 
 # A chain replayed this many times is failing for a reason a restart does not fix.
 MAX_CHAIN_ATTEMPTS = 5
-
-
-def ensure_ray(address: str | None = None) -> None:
-    """Connect to `address` (or RAY_ADDRESS, as under `ray job submit`), else start a local Ray."""
-    if not ray.is_initialized():
-        ray.init(address=address, log_to_driver=True)
 
 
 class RayJob:
@@ -47,14 +42,21 @@ class RayJob:
         self, items: list[PromptItem], config: JobConfig, out_dir: str | Path, address: str | None = None, replicas=None
     ) -> None:
         """`replicas`: running engine replicas to use (and leave running); None starts the job's own."""
-        self.items, self.config, self.address = items, config, address
+        self.items, self.config = items, config
         self.writer = ShardedParquet(out_dir, config.ray.shard_rows, config.ray.shard_interval_s)
         self.sampler_json = config.sampler.model_dump_json()
         self.tokenizer = build_tokenizer(config.engine)
-        self.replicas: list = list(replicas or [])
-        self._owns_replicas = not self.replicas
+        self.cluster = SamplingCluster(config.engine, config.ray, address=address, replicas=replicas)
         self.chain_actors: list = []
-        self.coordinator = None
+        self._started = False
+
+    @property
+    def coordinator(self):
+        return self.cluster.coordinator
+
+    @property
+    def replicas(self) -> list:
+        return self.cluster.replicas
 
     def pending_work(self) -> tuple[list[ChainWork], int]:
         """The pairs still to sample, and how many the output folder already holds."""
@@ -70,11 +72,9 @@ class RayJob:
         return work, len(self.items) * self.config.chains_per_prompt - len(work)
 
     def start(self) -> None:
-        ensure_ray(self.address)
         settings = self.config.ray
-        if not self.replicas:
-            self.replicas = start_replicas(self.config.engine, settings)
-        self.coordinator = start_coordinator(self.replicas, settings)
+        self.cluster.start()
+        self._started = True
         per_actor = math.ceil(self.config.max_active_chains / settings.chain_actors)
         self.chain_actors = start_chain_actors(self.coordinator, self.tokenizer.eos_token_id, settings, per_actor)
 
@@ -85,14 +85,15 @@ class RayJob:
         if on_start:
             on_start(len(work), skipped)
         summary = JobSummary(skipped=skipped)
-        if work and self.coordinator is None:
+        if work and not self._started:
             self.start()
         try:
             self._run_pending(work, summary, on_sample)
         finally:
             self.writer.flush()  # finished samples reach disk even when the job fails
-        if self.coordinator is not None:
-            summary.add_coordinator(ray.get(self.coordinator.get_stats.remote()))
+        if self._started:
+            snapshot = self.cluster.snapshot()  # calls are shared by chains: count them here
+            summary.engine, summary.resent_requests = snapshot.accounting, snapshot.counters.resent_requests
         summary.wall_time_s = time.perf_counter() - start
         return summary
 
@@ -124,28 +125,24 @@ class RayJob:
                     summary.replayed_chains += 1
                     queue.appendleft(item)
                     continue
-                row = sample_row(*item.chain_id, item.config.seed, result, self.tokenizer, self.tokenizer.eos_token_id, self.sampler_json)
-                summary.add_sample(row, result.stats)
+                row = sample_row(*item.chain_id, item.config.seed, result, self.tokenizer, self.sampler_json)
+                summary.add_result(row, result)
                 self.writer.add(row)
                 if on_sample:
                     on_sample(row)
             if not ready:
                 self.writer.flush()  # long chains: still leave a trace on disk every interval
 
-    def coordinator_stats(self) -> dict:
-        return ray.get(self.coordinator.get_stats.remote()) if self.coordinator is not None else {}
+    def snapshot(self) -> CoordinatorSnapshot | None:
+        """The coordinator's figures (None before the job started)."""
+        return self.cluster.snapshot() if self._started else None
 
     def shutdown(self) -> None:
-        owned = self.replicas if self._owns_replicas else []
-        for replica in owned:
-            try:
-                ray.get(replica.shutdown.remote(), timeout=60)
-            except Exception:  # already dead: nothing to free
-                pass
-        for actor in [*self.chain_actors, self.coordinator, *owned]:
-            if actor is not None:
-                ray.kill(actor, no_restart=True)
-        self.replicas, self.chain_actors, self.coordinator = [], [], None
+        for actor in self.chain_actors:
+            ray.kill(actor, no_restart=True)
+        self.chain_actors = []
+        self.cluster.shutdown()
+        self._started = False
 
 
 def run_ray_job(

@@ -6,40 +6,39 @@
 Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health, and
 GET /v1/stats (the coordinator's counters). Each request runs `n` chains as coroutines in the
 ingress; their requests go to the one coordinator (shared by every concurrent request, so their
-calls merge) and from there to the engine replicas. Request parsing and validation live in
-presto_ray/openai_api.py.
+calls merge) and from there to the engine replicas.
+
+This module is the transport only: the bearer token, the bounded body read, running the chains
+and streaming their events. What a body may say and what the service answers (fields, prompts,
+seeds, every response body) is presto_ray/openai_api.py.
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
-import json
 import os
-import random
-import uuid
-from pathlib import Path
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from ray import serve
 
 from actors.chain_actor import drive_chain
-from actors.coordinator import start_coordinator
-from actors.engine_replica import start_replicas
+from actors.cluster import SamplingCluster, ensure_ray
 from presto_ray.chain import Chain
-from presto_ray.job import JobConfig, ToyEngineSpec, build_tokenizer
-from presto_ray.keys import derive_seed
+from presto_ray.engines import build_tokenizer
+from presto_ray.job import JobConfig
 from presto_ray.openai_api import (
     ApiError,
-    ChatRequest,
-    CompletionRequest,
-    check_prompt,
-    choice_stats,
-    chunk_body,
-    completion_body,
-    parse_request,
-    sampler_config,
+    Prepared,
+    choice_from_result,
+    completion_response,
+    done_chunk,
+    error_event,
+    models_body,
+    prepare,
+    progress_chunk,
+    sampling_failed,
+    stats_body,
 )
 from presto_ray.serve_config import API_KEY_ENV
 
@@ -47,11 +46,13 @@ api = FastAPI(title="presto-ray", description="Exact power sampling, OpenAI-comp
 
 
 def _model_name(config: JobConfig) -> str:
-    if config.serve.model_name:
-        return config.serve.model_name
-    if isinstance(config.engine, ToyEngineSpec):
-        return "toy"
-    return Path(config.engine.model).name if config.engine.model else "SmolLM2-135M-Instruct"
+    return config.serve.model_name or config.engine.model_name
+
+
+# above the deployment: Serve pickles the class by value when it is decorated, with the
+# module-level names that exist at that point
+def _error_response(error: ApiError) -> JSONResponse:
+    return JSONResponse(error.body(), error.status)
 
 
 @serve.deployment(ray_actor_options={"num_cpus": 0}, max_ongoing_requests=1024)
@@ -64,10 +65,9 @@ class PrestoIngress:
         self.api_key = os.environ.get(API_KEY_ENV) or self.settings.api_key
         self.tokenizer = build_tokenizer(self.config.engine)
         engine = self.config.engine
-        self.context = self.settings.max_context_tokens if isinstance(engine, ToyEngineSpec) else engine.max_model_len
-        self.replicas = start_replicas(engine, self.config.ray)
-        self.coordinator = start_coordinator(self.replicas, self.config.ray)
-        self._requests = itertools.count()
+        self.context = engine.context_length
+        self.cluster = SamplingCluster(self.config.engine, self.config.ray).start()
+        self.coordinator = self.cluster.coordinator
 
     # --- routes --------------------------------------------------------------------------
     @api.get("/health")
@@ -78,13 +78,13 @@ class PrestoIngress:
     async def models(self, request: Request):
         if denied := self._denied(request):
             return denied
-        return {"object": "list", "data": [{"id": self.model_name, "object": "model", "created": 0, "owned_by": "presto-ray"}]}
+        return models_body(self.model_name)
 
     @api.get("/v1/stats")
     async def stats(self, request: Request):
         if denied := self._denied(request):
             return denied
-        return await self.coordinator.get_stats.remote()
+        return stats_body(await self.coordinator.snapshot.remote())
 
     @api.post("/v1/completions")
     async def completions(self, request: Request):
@@ -98,48 +98,42 @@ class PrestoIngress:
     async def _handle(self, request: Request, chat: bool):
         try:
             self._authorize(request)
-            body = parse_request(await self._read(request), ChatRequest if chat else CompletionRequest, self.settings.max_body_bytes)
-            if body.model is not None and body.model != self.model_name:
-                raise ApiError(404, f"the model {body.model!r} does not exist; this service serves {self.model_name!r}", "model", "not_found_error")
-            config = sampler_config(body, self.config.sampler, self.settings)
-            prompt = self._prompt_ids(body, chat)
-            check_prompt(prompt, config.block_size * config.num_blocks, self.context, getattr(self.tokenizer, "vocab_size", None))
+            prepared = prepare(
+                await self._read(request),
+                chat,
+                tokenizer=self.tokenizer,
+                model_name=self.model_name,
+                context_length=self.context,
+                base_sampler=self.config.sampler,
+                settings=self.settings,
+            )
         except ApiError as e:
-            return JSONResponse(e.body(), e.status)
-        seed = body.seed if body.seed is not None else random.randrange(2**31)
-        rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}"
-        chains = [Chain(prompt, config.model_copy(update={"seed": derive_seed(seed, i)}), self.tokenizer.eos_token_id) for i in range(body.n)]
+            return _error_response(e)
+        chains = [Chain(prepared.prompt_ids, config, self.tokenizer.eos_token_id) for config in prepared.configs]
         # not pre-registered with the coordinator (as batch jobs do): a request cancelled before its
         # chains start would leave them registered for good; the n chains' first plans arrive together
-        ids = [(rid, i) for i in range(body.n)]
-        if body.stream:
-            events = self._stream(rid, chat, chains, ids, seed, len(prompt))
-            return StreamingResponse(events, media_type="text/event-stream")
+        ids = [(prepared.id, i) for i in range(len(chains))]
+        if prepared.stream:
+            return StreamingResponse(self._stream(prepared, chains, ids), media_type="text/event-stream")
         try:
             results = await asyncio.gather(*(drive_chain(self.coordinator, cid, c) for cid, c in zip(ids, chains)))
         except Exception as e:  # an engine failure: this request fails, the service keeps serving
-            return JSONResponse(ApiError(500, f"sampling failed: {e}", None, "server_error").body(), 500)
-        choices = [self._choice(i, r, derive_seed(seed, i)) for i, r in enumerate(results)]
-        return completion_body(rid, self.model_name, chat, choices, len(prompt), seed)
+            return _error_response(sampling_failed(e))
+        return completion_response(prepared, [self._choice(prepared, i, r) for i, r in enumerate(results)])
 
-    async def _stream(self, rid, chat, chains, ids, seed, prompt_tokens):
+    async def _stream(self, prepared: Prepared, chains: list[Chain], ids: list[tuple[str, int]]):
         """Server-sent events: a progress chunk per round per chain, then each choice's text."""
         events: asyncio.Queue = asyncio.Queue()
-        total = [c.schedule.num_events for c in chains]
 
         async def run(i: int):
             async def progress(chain: Chain) -> None:
-                extra = {"event": "progress", "transitions": chain.stats.transitions, "model_calls": chain.stats.rounds,
-                         "events_done": chain.event_index, "events_total": total[i]}  # fmt: skip
-                await events.put(chunk_body(rid, self.model_name, chat, i, None, None, extra))
+                await events.put(progress_chunk(prepared, i, chain.stats, chain.event_index, chain.schedule.num_events))
 
             try:
                 result = await drive_chain(self.coordinator, ids[i], chains[i], on_round=progress)
-                choice = self._choice(i, result, derive_seed(seed, i))
-                extra = {"event": "done", **choice["power_sampling"], "completion_tokens": choice["completion_tokens"]}
-                await events.put(chunk_body(rid, self.model_name, chat, i, choice["text"], choice["finish_reason"], extra))
+                await events.put(done_chunk(prepared, self._choice(prepared, i, result)))
             except Exception as e:
-                await events.put({"error": ApiError(500, f"sampling failed: {e}", None, "server_error").body()["error"]})
+                await events.put(error_event(e))
             finally:
                 await events.put(None)  # this chain is over
 
@@ -151,18 +145,21 @@ class PrestoIngress:
                 if event is None:
                     over += 1
                 else:
-                    yield f"data: {json.dumps(event)}\n\n"
+                    yield f"data: {event.model_dump_json()}\n\n"
             yield "data: [DONE]\n\n"
         finally:
             for task in tasks:
                 task.cancel()  # the client went away: stop its chains
+
+    def _choice(self, prepared: Prepared, index: int, result):
+        return choice_from_result(index, result, prepared.configs[index].seed, self.tokenizer)
 
     # --- helpers -------------------------------------------------------------------------
     def _denied(self, request: Request) -> JSONResponse | None:
         try:
             self._authorize(request)
         except ApiError as e:
-            return JSONResponse(e.body(), e.status)
+            return _error_response(e)
         return None
 
     def _authorize(self, request: Request) -> None:
@@ -180,29 +177,6 @@ class PrestoIngress:
             if len(raw) > limit:
                 raise ApiError(413, f"request body is over the limit of {limit} bytes")
         return raw
-
-    def _prompt_ids(self, body, chat: bool) -> list[int]:
-        if chat:
-            return list(self.tokenizer.apply_chat_template([m.model_dump() for m in body.messages]))
-        prompt = body.prompt
-        if isinstance(prompt, str):
-            return self.tokenizer.encode_raw(prompt) if prompt else []
-        if prompt and all(isinstance(p, str) for p in prompt):
-            if len(prompt) != 1:
-                raise ApiError(400, "one prompt per request (use n for several samples of it)", "prompt")
-            return self.tokenizer.encode_raw(prompt[0]) if prompt[0] else []
-        return list(prompt)
-
-    def _choice(self, index: int, result, seed: int) -> dict:
-        tokens = result.token_ids
-        ended = bool(tokens) and tokens[-1] == self.tokenizer.eos_token_id
-        return {
-            "index": index,
-            "text": self.tokenizer.decode(tokens),
-            "finish_reason": "stop" if ended else "length",
-            "completion_tokens": len(tokens),
-            "power_sampling": choice_stats(result.stats, seed),
-        }
 
 
 def build_app(args: dict | None = None):
@@ -222,8 +196,6 @@ def app_for(config: JobConfig):
 
 def start_service(config: JobConfig, address: str | None = None, name: str = "presto") -> str:
     """Deploy the application on Ray Serve (local Ray unless `address`); returns its base URL."""
-    from deployments.batch_job import ensure_ray
-
     ensure_ray(address)
     settings = config.serve
     serve.start(http_options={"host": settings.host, "port": settings.port})

@@ -2,6 +2,7 @@
 
     requests = chain.plan()          # the proposal requests of the next round
     chain.advance(completions)       # walk the realized path with the results (same order)
+    chain.result(wall_time_s)        # once chain.done: the sample and its SampleStats
 
 Serial PowerMH is this machine with one step per round (one request; MultiTryMH: one per try). Every random choice is keyed by
 (seed, step), so any traversal, batch or driver gives the serial chain's exact trajectory.
@@ -19,25 +20,16 @@ from presto_ray.keys import extension_seed, step_keys, try_seed
 from presto_ray.kernels import EntropyCut, PowerMHKernel, build_kernel
 from presto_ray.plan_tree import RequestKey, build_plan_tree
 from presto_ray.predictor import EdgePredictor
+from presto_ray.results import SampleResult, SampleStats
 from presto_ray.schedule import Event, Schedule
 from presto_ray.selection import select_breadth_first, select_max_expected
 from presto_ray.state import ChainState
 
 
 @dataclass
-class ChainStats:
-    rounds: int = 0  # one batched model call each
-    transitions: int = 0  # MH steps completed
-    accepted: int = 0
-    extensions: int = 0  # extension events that needed a request
-    requests: int = 0  # distinct requests issued
-    requests_used: int = 0  # requests whose completion the walk consumed
-    generated_tokens: int = 0  # tokens generated across all issued requests
-    certain_edges: int = 0  # MH edges with A <= eps or A >= 1 - eps
-
-
-@dataclass
 class RoundReport:
+    """What one round's walk completed (drivers stream it as progress and metrics)."""
+
     events_completed: int
     transitions: int
     accepted: int
@@ -79,7 +71,7 @@ class Chain:
         self.state = ChainState()
         self.event_index = 0
         self.done = False
-        self.stats = ChainStats()
+        self.stats = SampleStats()
         self.edges: list[EdgeRecord] | None = [] if record_edges else None
         # (event index, prefix, try index) -> position of that request in the round's plan
         self._planned: dict[tuple, int] | None = None
@@ -117,6 +109,7 @@ class Chain:
             for i, request in enumerate(self._requests(key)):
                 self._planned[(*key, i)] = len(requests)
                 requests.append(request)
+        self.stats.prompt_tokens += sum(len(r.context_token_ids) for r in requests)
         return requests
 
     def _planned_cut(self, step: int, length: int) -> int | None:
@@ -162,9 +155,10 @@ class Chain:
             raise ValueError(f"expected {len(self._planned)} completions, got {len(completions)}")
         planned, self._planned = self._planned, None
         stats = self.stats
-        stats.rounds += 1
+        stats.model_calls += 1
         stats.requests += len(completions)
         stats.generated_tokens += sum(len(c.token_ids) for c in completions)
+        stats.cached_prompt_tokens += sum(c.cached_prompt_tokens for c in completions)
         used: set[int] = set()
         report = RoundReport(0, 0, 0)
         while not self.done:
@@ -229,6 +223,11 @@ class Chain:
             self._finish_event(event)
 
     # --- result --------------------------------------------------------------------------
+    def result(self, wall_time_s: float = 0.0) -> SampleResult:
+        """The sample and its statistics; `wall_time_s`: the chain's run time, as its driver measured."""
+        self.stats.wall_time_s = wall_time_s
+        return SampleResult(self.output_token_ids, self.stats)
+
     @property
     def output_token_ids(self) -> tuple[int, ...]:
         """Generated tokens, cut after the first EOS (fixed-length states may hold more)."""

@@ -54,7 +54,8 @@ def _load_job_config(args: argparse.Namespace):
 
 
 def cmd_sample(args: argparse.Namespace) -> int:
-    from presto_ray.job import build_engine, run_job
+    from presto_ray.engines import build_engine
+    from presto_ray.job import run_job
     from presto_ray.models import ModelProvisionError
     from presto_ray.output import write_parquet_atomic
     from presto_ray.progress import Progress
@@ -84,8 +85,7 @@ def cmd_sample(args: argparse.Namespace) -> int:
     except ValueError as e:  # e.g. a prompt longer than the model's context
         return _fail(str(e))
     finally:
-        if hasattr(engine, "shutdown"):
-            engine.shutdown()
+        engine.shutdown()
     write_parquet_atomic(summary.rows, args.out)
     print(f"wrote {len(summary.rows)} samples to {args.out}")
     _print_summary(summary, args.show)
@@ -146,7 +146,7 @@ def cmd_model(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from presto_ray.bench import format_table, run_toy_bench
+    from bench.toy import format_report, run_toy_bench
 
     try:
         budgets = tuple(int(b) for b in args.budgets.split(","))
@@ -162,13 +162,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
         out_json=args.out,
         progress=lambda msg: print(msg, file=sys.stderr),
     )
-    print(format_table(report))
+    print(format_report(report))
     print(f"wrote {args.out}")
     return 0
 
 
 def cmd_bench_real(args: argparse.Namespace) -> int:
-    from presto_ray.bench_real import VARIANT_RUNS, format_real_table, run_real_bench
+    from bench.real import VARIANT_RUNS, format_report, run_real_bench
 
     report = run_real_bench(
         args.prompts,
@@ -180,13 +180,13 @@ def cmd_bench_real(args: argparse.Namespace) -> int:
         out_png=args.png,
         progress=lambda msg: print(msg, file=sys.stderr, flush=True),
     )
-    print(format_real_table(report))
+    print(format_report(report))
     print(f"wrote {args.out}" + (f" and {args.png}" if Path(args.png).exists() else ""))
     return 0
 
 
 def cmd_bench_ray(args: argparse.Namespace) -> int:
-    from deployments.bench_ray import format_report, run_ray_bench
+    from bench.ray_throughput import format_report, run_ray_bench
 
     try:
         chains = tuple(int(c) for c in args.chains.split(","))

@@ -64,7 +64,7 @@ class SamplerConfig(BaseModel):
 
     @model_validator(mode="after")
     def _check_horizon(self) -> "SamplerConfig":
-        if self.block_size * self.num_blocks > 10_000_000:
+        if self.horizon > 10_000_000:
             raise ValueError("block_size * num_blocks must be at most 10,000,000 tokens")
         if self.sampler == "multi_try" and self.traversal != "serial" and self.prefetch_budget < self.num_tries:
             raise ValueError(
@@ -79,9 +79,6 @@ class SamplerConfig(BaseModel):
         return self.proposal_temperature if self.proposal_temperature is not None else 1.0 / self.alpha
 
     @property
-    def max_new_tokens(self) -> int:
+    def horizon(self) -> int:
+        """Generated tokens of a full final state (the last block's horizon)."""
         return self.block_size * self.num_blocks
-
-    @property
-    def requests_per_step(self) -> int:
-        return self.num_tries if self.sampler == "multi_try" else 1

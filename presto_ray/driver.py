@@ -7,41 +7,9 @@ from typing import Callable, Sequence
 
 from presto_ray.chain import Chain
 from presto_ray.config import SamplerConfig
-from presto_ray.engines.base import CallAccounting, Completion, Engine, ProposalRequest
+from presto_ray.engines.base import CallAccounting, Engine
 from presto_ray.kernels import PowerMHKernel
-from presto_ray.results import SampleResult, SampleStats
-
-
-class ChainRun:
-    """One running chain plus what its calls cost: the bookkeeping every driver shares."""
-
-    def __init__(self, chain: Chain) -> None:
-        self.chain = chain
-        self.started = time.perf_counter()
-        self.prompt_tokens = 0
-        self.cached_prompt_tokens = 0
-
-    def advance(self, plan: Sequence[ProposalRequest], completions: Sequence[Completion]) -> None:
-        self.prompt_tokens += sum(len(r.context_token_ids) for r in plan)
-        self.cached_prompt_tokens += sum(c.cached_prompt_tokens for c in completions)
-        self.chain.advance(completions)
-
-    def result(self) -> SampleResult:
-        s = self.chain.stats
-        stats = SampleStats(
-            model_calls=s.rounds,
-            transitions=s.transitions,
-            accepted=s.accepted,
-            requests=s.requests,
-            requests_used=s.requests_used,
-            generated_tokens=s.generated_tokens,
-            extensions=s.extensions,
-            certain_edges=s.certain_edges,
-            prompt_tokens=self.prompt_tokens,
-            cached_prompt_tokens=self.cached_prompt_tokens,
-            wall_time_s=time.perf_counter() - self.started,
-        )
-        return SampleResult(self.chain.output_token_ids, stats)
+from presto_ray.results import SampleResult
 
 
 def sample_many(
@@ -62,12 +30,12 @@ def sample_many(
         raise ValueError("one config per prompt")
     limit = max_active_chains or len(prompts)
     pending = list(range(len(prompts)))[::-1]
-    active: list[tuple[int, ChainRun]] = []
+    active: list[tuple[int, Chain, float]] = []  # (input index, chain, start time)
     results: list[SampleResult | None] = [None] * len(prompts)
     total = CallAccounting()
 
-    def finish(index: int, run: ChainRun) -> None:
-        results[index] = run.result()
+    def finish(index: int, chain: Chain, started: float) -> None:
+        results[index] = chain.result(time.perf_counter() - started)
         if on_result:
             on_result(index, results[index])
 
@@ -75,26 +43,25 @@ def sample_many(
         while pending and len(active) < limit:
             i = pending.pop()
             kernel = kernel_factory(configs[i]) if kernel_factory else None
-            run = ChainRun(Chain(prompts[i], configs[i], engine.eos_token_id, kernel=kernel))
-            if run.chain.done:  # e.g. mh_steps == 0 and nothing to extend
-                finish(i, run)
+            chain = Chain(prompts[i], configs[i], engine.eos_token_id, kernel=kernel)
+            if chain.done:  # e.g. mh_steps == 0 and nothing to extend
+                finish(i, chain, time.perf_counter())
             else:
-                active.append((i, run))
+                active.append((i, chain, time.perf_counter()))
         if not active:
             continue
-        plans = [run.chain.plan() for _, run in active]
+        plans = [chain.plan() for _, chain, _ in active]
         output = engine.generate([request for plan in plans for request in plan])
         total.add(output.accounting)
         offset = 0
         still_active = []
-        for (i, run), plan in zip(active, plans):
-            completions = output.completions[offset : offset + len(plan)]
+        for (i, chain, started), plan in zip(active, plans):
+            chain.advance(output.completions[offset : offset + len(plan)])
             offset += len(plan)
-            run.advance(plan, completions)
-            if run.chain.done:
-                finish(i, run)
+            if chain.done:
+                finish(i, chain, started)
             else:
-                still_active.append((i, run))
+                still_active.append((i, chain, started))
         active = still_active
     return results, total
 
@@ -107,10 +74,7 @@ def sample(
     kernel: PowerMHKernel | None = None,
 ) -> SampleResult:
     """Draw one power sample for `prompt_token_ids` (generated tokens only in the result)."""
-    results, accounting = sample_many(
-        engine, [prompt_token_ids], [config], kernel_factory=(lambda _: kernel) if kernel else None
-    )
-    results[0].stats.engine_time_s = accounting.wall_time_s
+    results, _ = sample_many(engine, [prompt_token_ids], [config], kernel_factory=(lambda _: kernel) if kernel else None)
     return results[0]
 
 

@@ -119,7 +119,7 @@ class PowerMHKernel:
 
 
 class MultiTryKernel(PowerMHKernel):
-    """Multiple-try Metropolis with M independent tries from one cut (see docs/multi_try.md).
+    """Multiple-try Metropolis with M independent tries from one cut (derivation in docs/samplers.md).
 
     Given the cut, every try is an independent draw from q_tau(. | x[:c]), so the tries that
     were not selected serve as the reference set (Liu, Liang and Wong 2000): with importance

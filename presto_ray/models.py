@@ -96,8 +96,7 @@ def prepare_smollm2(model_dir: str | Path | None = None, *, force: bool = False,
     quantized = AutoModelForCausalLM.from_pretrained(source.parent, gguf_file=source.name, dtype=torch.float32)
     config = quantized.config
     # A GGUF-loaded model refuses save_pretrained; rebuild a plain model from its dequantized weights.
-    if hasattr(config, "quantization_config"):
-        del config.quantization_config
+    vars(config).pop("quantization_config", None)
     model = LlamaForCausalLM(config)
     missing, unexpected = model.load_state_dict(quantized.state_dict(), strict=False)
     if unexpected or [k for k in missing if k != "lm_head.weight"]:

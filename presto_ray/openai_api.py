@@ -1,6 +1,10 @@
-"""The OpenAI completions API with power-sampling fields: parsing, validation, response bodies.
+"""The whole HTTP contract of the service: the OpenAI completions and chat APIs with power sampling.
 
-Pure functions over pydantic models (no Ray, no HTTP server), so every rule is unit-testable.
+It owns the request fields and their validation, the model check, the prompt rules, the seeds and
+every response body (pydantic models: the JSON clients see is declared here, nowhere else). Pure
+functions, no Ray and no HTTP server, so every rule is unit-testable. deployments/serve_app.py
+only moves bytes: it calls `prepare`, runs the chains it describes, and sends the bodies built here.
+
 Mapping to power sampling:
   - `n` chains, one per choice; choice i uses seed derive_seed(seed, i). Without `seed` the
     service draws one and returns it in `power_sampling.seed`, so any answer can be reproduced.
@@ -21,19 +25,41 @@ from __future__ import annotations
 
 import json
 import math
+import random
 import time
-from typing import Literal
+import uuid
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_serializer
 
 from presto_ray.config import SamplerConfig
+from presto_ray.engines.base import FinishReason, Tokenizer
+from presto_ray.keys import derive_seed
+from presto_ray.results import SampleResult, SampleStats
 from presto_ray.serve_config import ServeSettings
+
+if TYPE_CHECKING:  # the coordinator lives in the Ray layer; this module only reads its snapshot
+    from actors.coordinator_stats import CoordinatorSnapshot
 
 UNSUPPORTED_FIELDS = (
     "logprobs", "top_logprobs", "echo", "suffix", "stop", "logit_bias", "best_of",
     "tools", "tool_choice", "functions", "function_call", "response_format",
 )  # fmt: skip
 NEUTRAL_VALUES = {"top_p": 1.0, "frequency_penalty": 0.0, "presence_penalty": 0.0}
+DRAWN_SEED_BOUND = 2**31  # a seed the service draws stays short enough to copy by hand
+
+
+# --- errors ----------------------------------------------------------------------------------
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None
+    code: None = None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorDetail
 
 
 class ApiError(Exception):
@@ -43,10 +69,19 @@ class ApiError(Exception):
         super().__init__(message)
         self.status, self.message, self.param, self.kind = status, message, param, kind
 
+    def response(self) -> ErrorResponse:
+        return ErrorResponse(error=ErrorDetail(message=self.message, type=self.kind, param=self.param))
+
     def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": None}}
+        return self.response().model_dump()
 
 
+def sampling_failed(error: Exception) -> ApiError:
+    """An engine failure: this request fails with 500, the service keeps serving."""
+    return ApiError(500, f"sampling failed: {error}", None, "server_error")
+
+
+# --- requests --------------------------------------------------------------------------------
 class _Request(BaseModel):
     # strict: "3" is not a number and 1 is not a bool; unknown fields are checked by hand
     model_config = ConfigDict(extra="allow", strict=True)
@@ -85,6 +120,47 @@ class ChatRequest(_Request):
     messages: list[ChatMessage] = Field(min_length=1)
 
 
+@dataclass(frozen=True)
+class Prepared:
+    """A valid request, ready to run: one chain per choice, and what its bodies will name."""
+
+    id: str  # "cmpl-..." or "chatcmpl-...": the response id, and the prefix of its chain ids
+    chat: bool
+    stream: bool
+    model: str
+    prompt_ids: list[int]
+    seed: int  # the request's seed, given or drawn
+    configs: list[SamplerConfig]  # choice i's chain, with seed derive_seed(seed, i)
+
+
+def prepare(
+    raw_body: bytes,
+    chat: bool,
+    *,
+    tokenizer: Tokenizer,
+    model_name: str,
+    context_length: int,
+    base_sampler: SamplerConfig,
+    settings: ServeSettings,
+) -> Prepared:
+    """The chains a request body asks for, or an ApiError naming what is wrong with it."""
+    request = parse_request(raw_body, ChatRequest if chat else CompletionRequest, settings.max_body_bytes)
+    check_model(request, model_name)
+    config = sampler_config(request, base_sampler, settings)
+    prompt = prompt_ids(request, tokenizer)
+    check_prompt(prompt, config.horizon, context_length, tokenizer.vocab_size)
+    seed = request.seed if request.seed is not None else random.randrange(DRAWN_SEED_BOUND)
+    return Prepared(
+        id=f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex[:24]}",
+        chat=chat,
+        stream=request.stream,
+        model=model_name,
+        prompt_ids=prompt,
+        seed=seed,
+        configs=[config.model_copy(update={"seed": derive_seed(seed, i)}) for i in range(request.n)],
+    )
+
+
 def parse_request(raw: bytes, model: type[_Request], max_bytes: int) -> _Request:
     """The request body as `model`, or an ApiError (413 too large, 400 malformed or invalid)."""
     if len(raw) > max_bytes:
@@ -110,6 +186,13 @@ def parse_request(raw: bytes, model: type[_Request], max_bytes: int) -> _Request
         if value is not None and value != neutral:
             raise ApiError(400, f"{name} must be {neutral} (or absent): power sampling draws from p0^alpha", name)
     return request
+
+
+def check_model(request: _Request, model_name: str) -> None:
+    """A request may leave `model` out; naming another model is a 404, as OpenAI answers it."""
+    if request.model is not None and request.model != model_name:
+        message = f"the model {request.model!r} does not exist; this service serves {model_name!r}"
+        raise ApiError(404, message, "model", "not_found_error")
 
 
 def sampler_config(request: _Request, base: SamplerConfig, settings: ServeSettings) -> SamplerConfig:
@@ -152,10 +235,25 @@ def sampler_config(request: _Request, base: SamplerConfig, settings: ServeSettin
         raise ApiError(400, f"{param}: {first['msg']}", param) from None
 
 
-def check_prompt(token_ids: list[int], max_tokens: int, context: int, vocab_size: int | None) -> None:
+def prompt_ids(request: _Request, tokenizer: Tokenizer) -> list[int]:
+    """Chat messages through the chat template; a text prompt as it is (completions never wrap
+    it in a template); token ids unchanged. One prompt per request: `n` samples it several times."""
+    if isinstance(request, ChatRequest):
+        return list(tokenizer.apply_chat_template([m.model_dump() for m in request.messages]))
+    prompt = request.prompt
+    if isinstance(prompt, str):
+        return tokenizer.encode_raw(prompt) if prompt else []
+    if prompt and all(isinstance(p, str) for p in prompt):
+        if len(prompt) != 1:
+            raise ApiError(400, "one prompt per request (use n for several samples of it)", "prompt")
+        return tokenizer.encode_raw(prompt[0]) if prompt[0] else []
+    return list(prompt)
+
+
+def check_prompt(token_ids: list[int], max_tokens: int, context: int, vocab_size: int) -> None:
     if not token_ids:
         raise ApiError(400, "prompt is empty", "prompt")
-    if vocab_size is not None and any(not 0 <= t < vocab_size for t in token_ids):
+    if any(not 0 <= t < vocab_size for t in token_ids):
         raise ApiError(400, f"prompt token ids must be in [0, {vocab_size})", "prompt")
     if len(token_ids) + max_tokens > context:
         raise ApiError(
@@ -166,56 +264,249 @@ def check_prompt(token_ids: list[int], max_tokens: int, context: int, vocab_size
 
 
 # --- response bodies -------------------------------------------------------------------------
-def choice_stats(stats, seed: int) -> dict:
-    return {
-        "seed": seed,
-        "model_calls": stats.model_calls,
-        "transitions": stats.transitions,
-        "accepted": stats.accepted,
-        "acceptance_rate": stats.acceptance_rate,
-        "transitions_per_call": stats.transitions_per_call,
-        "requests": stats.requests,
+def _now() -> int:
+    return int(time.time())
+
+
+class PowerSamplingStats(BaseModel):
+    """One choice's chain: the seed that reproduces it and what it cost."""
+
+    seed: int
+    model_calls: int
+    transitions: int
+    accepted: int
+    acceptance_rate: float
+    transitions_per_call: float
+    requests: int
+
+
+class RequestSeed(BaseModel):
+    """The top-level `power_sampling`: the request's seed, given or drawn."""
+
+    seed: int
+
+
+@dataclass(frozen=True)
+class SampledChoice:
+    """One chain's answer, before it takes the shape of a completion, a chat choice or a chunk."""
+
+    index: int
+    text: str
+    finish_reason: FinishReason
+    completion_tokens: int
+    power_sampling: PowerSamplingStats
+
+
+class CompletionChoice(BaseModel):
+    index: int
+    text: str
+    finish_reason: FinishReason
+    power_sampling: PowerSamplingStats
+    logprobs: None = None  # never computed: power sampling does not draw tokens one by one
+
+
+class ChatMessageOut(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class ChatChoice(BaseModel):
+    index: int
+    message: ChatMessageOut
+    finish_reason: FinishReason
+    power_sampling: PowerSamplingStats
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class CompletionResponse(BaseModel):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int = Field(default_factory=_now)
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage
+    power_sampling: RequestSeed
+
+
+class ChatCompletionResponse(CompletionResponse):
+    object: Literal["chat.completion"] = "chat.completion"
+    choices: list[ChatChoice]
+
+
+class ProgressEvent(BaseModel):
+    """A chain finished a round: how far it is (events are blocks' MH steps and extensions)."""
+
+    event: Literal["progress"] = "progress"
+    transitions: int
+    model_calls: int
+    events_done: int
+    events_total: int
+
+
+class DoneEvent(PowerSamplingStats):
+    """A chain is over: its choice's stats, as the non-streamed body gives them."""
+
+    event: Literal["done"] = "done"
+    completion_tokens: int
+
+
+class CompletionChunkChoice(BaseModel):
+    index: int
+    text: str
+    finish_reason: FinishReason | None
+    logprobs: None = None
+
+
+class ChatDelta(BaseModel):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+    @model_serializer
+    def _present_only(self) -> dict:
+        # a progress chunk's delta is {}, as OpenAI sends a delta that adds nothing
+        return {k: v for k, v in (("role", self.role), ("content", self.content)) if v is not None}
+
+
+class ChatChunkChoice(BaseModel):
+    index: int
+    delta: ChatDelta
+    finish_reason: FinishReason | None
+
+
+class CompletionChunk(BaseModel):
+    """One server-sent event: progress (no text) or a choice's whole text, in `power_sampling`."""
+
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int = Field(default_factory=_now)
+    model: str
+    choices: list[CompletionChunkChoice]
+    power_sampling: ProgressEvent | DoneEvent
+
+
+class ChatCompletionChunk(CompletionChunk):
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    choices: list[ChatChunkChoice]
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int = 0
+    owned_by: str = "presto-ray"
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+def choice_from_result(index: int, result: SampleResult, seed: int, tokenizer: Tokenizer) -> SampledChoice:
+    """Choice `index` from its chain's result; `seed`: that chain's own seed."""
+    tokens = result.token_ids
+    ended = bool(tokens) and tokens[-1] == tokenizer.eos_token_id
+    return SampledChoice(
+        index=index,
+        text=tokenizer.decode(tokens),
+        finish_reason="stop" if ended else "length",
+        completion_tokens=len(tokens),
+        power_sampling=_power_sampling_stats(result.stats, seed),
+    )
+
+
+def _power_sampling_stats(stats: SampleStats, seed: int) -> PowerSamplingStats:
+    return PowerSamplingStats(
+        seed=seed,
+        model_calls=stats.model_calls,
+        transitions=stats.transitions,
+        accepted=stats.accepted,
+        acceptance_rate=stats.acceptance_rate,
+        transitions_per_call=stats.transitions_per_call,
+        requests=stats.requests,
+    )
+
+
+def completion_response(prepared: Prepared, choices: list[SampledChoice]) -> CompletionResponse:
+    """The whole answer to a request that did not ask to stream (a chat body when it was chat)."""
+    prompt_tokens = len(prepared.prompt_ids)
+    completion_tokens = sum(c.completion_tokens for c in choices)
+    total_tokens = prompt_tokens + completion_tokens
+    fields = {
+        "id": prepared.id,
+        "model": prepared.model,
+        "usage": Usage(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, total_tokens=total_tokens),
+        "power_sampling": RequestSeed(seed=prepared.seed),
     }
-
-
-def completion_body(rid: str, model: str, chat: bool, choices: list[dict], prompt_tokens: int, seed: int) -> dict:
-    """`choices`: dicts with index, text, finish_reason, power_sampling."""
-    completion_tokens = sum(c.pop("completion_tokens", 0) for c in choices)
-    if chat:
-        choices = [
-            {"index": c["index"], "message": {"role": "assistant", "content": c["text"]},
-             "finish_reason": c["finish_reason"], "power_sampling": c["power_sampling"]}
+    if prepared.chat:
+        chat_choices = [
+            ChatChoice(
+                index=c.index,
+                message=ChatMessageOut(content=c.text),
+                finish_reason=c.finish_reason,
+                power_sampling=c.power_sampling,
+            )
             for c in choices
-        ]  # fmt: skip
-    else:
-        choices = [{**c, "logprobs": None} for c in choices]
-    return {
-        "id": rid,
-        "object": "chat.completion" if chat else "text_completion",
-        "created": int(time.time()),
-        "model": model,
-        "choices": choices,
-        "usage": {
-            "prompt_tokens": prompt_tokens,
-            "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens,
-        },
-        "power_sampling": {"seed": seed},
-    }
+        ]
+        return ChatCompletionResponse(choices=chat_choices, **fields)
+    completion_choices = [
+        CompletionChoice(index=c.index, text=c.text, finish_reason=c.finish_reason, power_sampling=c.power_sampling)
+        for c in choices
+    ]
+    return CompletionResponse(choices=completion_choices, **fields)
 
 
-def chunk_body(rid: str, model: str, chat: bool, index: int, text: str | None, finish_reason, extra: dict) -> dict:
-    """One server-sent event: progress (no text) or a choice's final text."""
-    if chat:
-        delta = {"role": "assistant", "content": text} if text is not None else {}
-        choice = {"index": index, "delta": delta, "finish_reason": finish_reason}
-    else:
-        choice = {"index": index, "text": text or "", "finish_reason": finish_reason, "logprobs": None}
+def progress_chunk(
+    prepared: Prepared, index: int, stats: SampleStats, events_done: int, events_total: int
+) -> CompletionChunk:
+    """Choice `index`'s chain finished a round; `stats`: the chain's running counts."""
+    event = ProgressEvent(
+        transitions=stats.transitions, model_calls=stats.model_calls, events_done=events_done, events_total=events_total
+    )
+    return _chunk(prepared, index, None, None, event)
+
+
+def done_chunk(prepared: Prepared, choice: SampledChoice) -> CompletionChunk:
+    """A choice's whole text, once its chain is over (power samples exist only whole)."""
+    event = DoneEvent(**choice.power_sampling.model_dump(), completion_tokens=choice.completion_tokens)
+    return _chunk(prepared, choice.index, choice.text, choice.finish_reason, event)
+
+
+def _chunk(
+    prepared: Prepared, index: int, text: str | None, finish_reason: FinishReason | None, event: ProgressEvent | DoneEvent
+) -> CompletionChunk:
+    if prepared.chat:
+        delta = ChatDelta(role="assistant", content=text) if text is not None else ChatDelta()
+        choice = ChatChunkChoice(index=index, delta=delta, finish_reason=finish_reason)
+        return ChatCompletionChunk(id=prepared.id, model=prepared.model, choices=[choice], power_sampling=event)
+    choice = CompletionChunkChoice(index=index, text=text or "", finish_reason=finish_reason)
+    return CompletionChunk(id=prepared.id, model=prepared.model, choices=[choice], power_sampling=event)
+
+
+def error_event(error: Exception) -> ErrorResponse:
+    """The event a stream sends when a chain fails (the HTTP status is already 200)."""
+    return sampling_failed(error).response()
+
+
+def models_body(model_name: str) -> ModelList:
+    """GET /v1/models: the one model this service serves."""
+    return ModelList(data=[ModelCard(id=model_name)])
+
+
+def stats_body(snapshot: "CoordinatorSnapshot") -> dict:
+    """GET /v1/stats: the coordinator's snapshot, flattened (counters and call costs side by side)."""
     return {
-        "id": rid,
-        "object": "chat.completion.chunk" if chat else "text_completion",
-        "created": int(time.time()),
-        "model": model,
-        "choices": [choice],
-        "power_sampling": extra,
+        **asdict(snapshot.counters),
+        **asdict(snapshot.accounting),
+        "requests_per_call": snapshot.requests_per_call,
+        "cached_token_share": snapshot.cached_token_share,
+        "calls_per_replica": snapshot.calls_per_replica,
+        "inflight_calls_per_replica": snapshot.inflight_calls_per_replica,
+        "healthy": snapshot.healthy,
+        "queue_depth": snapshot.queue_depth,
+        "chains_active": snapshot.chains_active,
     }

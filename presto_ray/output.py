@@ -7,31 +7,70 @@ import os
 import tempfile
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-SAMPLE_SCHEMA = pa.schema(
-    [
-        pa.field("prompt_id", pa.string(), nullable=False),
-        pa.field("chain", pa.int32(), nullable=False),
-        pa.field("seed", pa.int64(), nullable=False),
-        pa.field("text", pa.string()),
-        pa.field("token_ids", pa.list_(pa.int32())),
-        pa.field("finished_with_eos", pa.bool_()),
-        pa.field("model_calls", pa.int64()),
-        pa.field("transitions", pa.int64()),
-        pa.field("accepted", pa.int64()),
-        pa.field("requests", pa.int64()),
-        pa.field("generated_tokens", pa.int64()),
-        pa.field("prompt_tokens", pa.int64()),
-        pa.field("cached_prompt_tokens", pa.int64()),
-        pa.field("wall_time_s", pa.float64()),
-        pa.field("config", pa.string()),  # the SamplerConfig as JSON
-    ]
+from presto_ray.engines.base import Tokenizer
+from presto_ray.results import SampleResult
+
+@dataclass(frozen=True)
+class FinishedSample:
+    """Everything one output row is built from."""
+
+    prompt_id: str
+    chain: int
+    seed: int
+    result: SampleResult
+    text: str
+    finished_with_eos: bool
+    config_json: str  # the SamplerConfig as JSON
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    type: pa.DataType
+    value: Callable[[FinishedSample], object]
+    nullable: bool = True
+
+
+def _stat(name: str, type: pa.DataType = pa.int64()) -> Column:
+    return Column(name, type, lambda sample: getattr(sample.result.stats, name))
+
+
+# The output columns, in order: adding one is one line here (plus its test).
+COLUMNS: tuple[Column, ...] = (
+    Column("prompt_id", pa.string(), lambda s: s.prompt_id, nullable=False),
+    Column("chain", pa.int32(), lambda s: s.chain, nullable=False),
+    Column("seed", pa.int64(), lambda s: s.seed, nullable=False),
+    Column("text", pa.string(), lambda s: s.text),
+    Column("token_ids", pa.list_(pa.int32()), lambda s: list(s.result.token_ids)),
+    Column("finished_with_eos", pa.bool_(), lambda s: s.finished_with_eos),
+    _stat("model_calls"),
+    _stat("transitions"),
+    _stat("accepted"),
+    _stat("requests"),
+    _stat("generated_tokens"),
+    _stat("prompt_tokens"),
+    _stat("cached_prompt_tokens"),
+    _stat("wall_time_s", pa.float64()),
+    Column("config", pa.string(), lambda s: s.config_json),
 )
+SAMPLE_SCHEMA = pa.schema([pa.field(c.name, c.type, nullable=c.nullable) for c in COLUMNS])
+
+
+def sample_row(prompt_id: str, chain: int, seed: int, result: SampleResult, tokenizer: Tokenizer, config_json: str) -> dict:
+    """One output row (a dict with the SAMPLE_SCHEMA columns): the sample, its text and statistics."""
+    tokens = result.token_ids
+    finished = FinishedSample(
+        prompt_id, chain, seed, result, tokenizer.decode(tokens),
+        bool(tokens) and tokens[-1] == tokenizer.eos_token_id, config_json,
+    )  # fmt: skip
+    return {column.name: column.value(finished) for column in COLUMNS}
 
 
 @contextmanager

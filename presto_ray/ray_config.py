@@ -14,7 +14,11 @@ class RaySettings(BaseModel):
 
     num_replicas: int = Field(1, ge=1, le=1024, description="Engine replicas (actors holding an engine).")
     replica_num_cpus: float = Field(0.0, ge=0.0, description="CPUs each replica reserves (0 on a laptop).")
-    replica_num_gpus: float = Field(0.0, ge=0.0, description="GPUs each replica reserves (1 per vLLM replica on GPUs).")
+    replica_num_gpus: float | None = Field(
+        None, ge=0.0,
+        description="GPUs each replica reserves; None: the engine's own need (tensor_parallel_size for vLLM "
+        "with device 'gpu', 0 for vLLM on the CPU and the toy).",
+    )
     placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] | None = Field(
         None, description="Reserve all replicas in one placement group with this strategy (None: no group)."
     )

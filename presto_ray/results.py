@@ -1,24 +1,29 @@
-"""What a sample returns."""
+"""What a chain reports: its sample and one set of statistics, counted by the chain itself."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 
 
 @dataclass
 class SampleStats:
-    model_calls: int  # batched engine calls (rounds)
-    transitions: int  # MH steps completed
-    accepted: int
-    requests: int  # proposal requests issued
-    requests_used: int  # requests the walk consumed
-    generated_tokens: int  # tokens generated across all requests
-    extensions: int
-    certain_edges: int
-    prompt_tokens: int = 0
-    cached_prompt_tokens: int = 0
-    engine_time_s: float = 0.0
-    wall_time_s: float = 0.0
+    """What one chain did and what its requests cost, as the chain saw it.
+
+    The chain counts everything but `wall_time_s`, which its driver measures. A job sums these
+    over chains; what engine calls cost in total (calls are shared by chains) is a CallAccounting.
+    """
+
+    model_calls: int = 0  # rounds: engine calls this chain waited on
+    transitions: int = 0  # MH steps completed
+    accepted: int = 0
+    extensions: int = 0  # block extensions that needed a request
+    requests: int = 0  # distinct proposal requests issued
+    requests_used: int = 0  # requests whose completion the walk consumed
+    generated_tokens: int = 0  # tokens generated across all issued requests
+    certain_edges: int = 0  # MH edges with A <= eps or A >= 1 - eps
+    prompt_tokens: int = 0  # prompt + prefix tokens of every issued request
+    cached_prompt_tokens: int = 0  # of which the engine read from its prefix cache
+    wall_time_s: float = 0.0  # from the chain's start to its end, as its driver measured
 
     @property
     def transitions_per_call(self) -> float:
@@ -28,8 +33,9 @@ class SampleStats:
     def acceptance_rate(self) -> float:
         return self.accepted / self.transitions if self.transitions else 0.0
 
-    def to_dict(self) -> dict:
-        return asdict(self)
+    def add(self, other: "SampleStats") -> None:
+        for f in fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
 
 
 @dataclass

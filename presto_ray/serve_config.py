@@ -24,6 +24,3 @@ class ServeSettings(BaseModel):
     max_n: int = Field(16, ge=1, description="Most chains (choices) per request.")
     max_mh_steps: int = Field(1000, ge=1, description="Most MH steps per block a request may ask for.")
     max_prefetch_budget: int = Field(256, ge=1, description="Largest prefetch budget a request may ask for.")
-    max_context_tokens: int = Field(
-        4096, ge=16, description="Prompt + max_tokens limit for engines without their own (the toy)."
-    )

@@ -34,13 +34,13 @@ def main() -> int:
     import torch
     from transformers import AutoModelForCausalLM
 
+    from bench.real import format_report, run_real_bench
     from presto_ray import SamplerConfig, sample
-    from presto_ray.bench_real import format_real_table, run_real_bench
     from presto_ray.engines.base import ProposalRequest
     from presto_ray.engines.vllm_engine import VLLMEngine, VLLMEngineConfig
 
     assert torch.cuda.is_available(), "no GPU visible"
-    config = VLLMEngineConfig(model=args.model, dtype=args.dtype, enforce_eager=False, block_size=16,
+    config = VLLMEngineConfig(model=args.model, dtype=args.dtype, enforce_eager=False, kv_block_size=16, device="gpu",
                               gpu_memory_utilization=0.5, cpu_threads_bind=None)
     report: dict = {"gpu": torch.cuda.get_device_name(0), "checks": {}}
     engine = VLLMEngine(config)
@@ -73,7 +73,7 @@ def main() -> int:
     bench = run_real_bench(Path(__file__).resolve().parent.parent / "examples" / "prompts.jsonl", mh_steps=args.mh_steps,
                            engine_config=config, out_json=out / "vllm_gpu.json", out_png=out / "vllm_gpu.png")
     report["bench_s"] = time.perf_counter() - start
-    print(format_real_table(bench))
+    print(format_report(bench))
     (out / "gpu_check.json").write_text(json.dumps(report, indent=2))
     print(json.dumps(report, indent=2))
     ok = worst < 5e-2 if args.dtype != "float32" else worst < 2e-3

@@ -8,7 +8,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from presto_ray import SamplerConfig, sample
-from presto_ray.job import JobConfig, build_engine, prompt_seed
+from presto_ray.engines import build_engine
+from presto_ray.job import JobConfig, prompt_seed
 from presto_ray.output import SAMPLE_SCHEMA
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -37,9 +37,30 @@ def test_defaults_and_derived_values():
     config = SamplerConfig()
     assert config.alpha == 4.0 and config.tau == 0.25
     assert SamplerConfig(alpha=2.0, proposal_temperature=0.7).tau == 0.7
-    assert SamplerConfig(sampler="multi_try", num_tries=3, prefetch_budget=6).requests_per_step == 3
-    assert SamplerConfig(block_size=8, num_blocks=3).max_new_tokens == 24
+    assert SamplerConfig(block_size=8, num_blocks=3).horizon == 24
     with pytest.raises(ValidationError):
         SamplerConfig(block_size=100_000, num_blocks=1000)
     with pytest.raises(ValidationError):
         config.alpha = 2.0  # frozen: a running chain's config cannot drift
+
+
+def test_engine_kv_block_size_rename_is_named_in_the_error():
+    from presto_ray.job import JobConfig
+
+    with pytest.raises(ValidationError) as info:
+        JobConfig.model_validate({"engine": {"kind": "vllm", "block_size": 32}})
+    assert "kv_block_size" in str(info.value) and "sampler.block_size" in str(info.value)
+    assert JobConfig.model_validate({"engine": {"kind": "vllm", "kv_block_size": 16}}).engine.kv_block_size == 16
+
+
+def test_replica_gpus_default_to_what_the_engine_spans():
+    from presto_ray.job import JobConfig
+
+    gpu = {"kind": "vllm", "device": "gpu", "tensor_parallel_size": 2}
+    assert JobConfig.model_validate({"engine": gpu}).engine.gpus_per_replica == 2
+    assert JobConfig.model_validate({"engine": {"kind": "vllm"}}).engine.gpus_per_replica == 0  # vLLM on the CPU
+    assert JobConfig.model_validate({"engine": {"kind": "toy"}}).engine.gpus_per_replica == 0
+    with pytest.raises(ValidationError) as info:
+        JobConfig.model_validate({"engine": gpu, "ray": {"replica_num_gpus": 1}})
+    assert "replica_num_gpus" in str(info.value) and "tensor_parallel_size" in str(info.value)
+    assert JobConfig.model_validate({"engine": gpu, "ray": {"replica_num_gpus": 4}}).ray.replica_num_gpus == 4

@@ -50,13 +50,13 @@ def test_every_traversal_walks_the_serial_chain(config_kwargs, engine_kwargs, pr
     prompt = [t % engine_kwargs["vocab_size"] for t in prompt]
     chains = {t: _run(engine, prompt, SamplerConfig(traversal=t, **config_kwargs)) for t in ("serial", "bfs", "predictive")}
     serial = chains["serial"]
-    assert serial.stats.rounds == serial.stats.transitions + serial.stats.extensions
+    assert serial.stats.model_calls == serial.stats.transitions + serial.stats.extensions
     for name in ("bfs", "predictive"):
         chain = chains[name]
         assert chain.state.tokens == serial.state.tokens, name
         np.testing.assert_array_equal(chain.state.logp0, serial.state.logp0)
         assert chain.edges == serial.edges, name  # same cuts, same ratios, same decisions, step for step
-        assert chain.stats.rounds <= serial.stats.rounds
+        assert chain.stats.model_calls <= serial.stats.model_calls
         assert chain.stats.requests_used == serial.stats.requests_used  # the same proposals, fetched early
 
 

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from presto_ray.job import JobConfig, build_engine, run_job
+from presto_ray.engines import build_engine
+from presto_ray.job import JobConfig, run_job
 from presto_ray.output import read_samples
 from presto_ray.prompts import PromptItem
 
@@ -59,7 +60,7 @@ def run(items, config, out, **callbacks):
     job = RayJob(items, config, out)
     try:
         summary = job.run(**callbacks)
-        return summary, job.coordinator_stats()
+        return summary, job.snapshot()
     finally:
         job.shutdown()
 
@@ -74,51 +75,46 @@ def test_ray_job_writes_the_in_process_samples(ray_address, tmp_path, settings):
     summary, stats = run(items, config, tmp_path / "out")
     assert_same_samples(read_samples(tmp_path / "out").to_pylist(), reference(items, config))
     assert summary.samples == len(items) * config.chains_per_prompt
-    assert sum(stats["calls_per_replica"]) == stats["calls"]
+    assert sum(stats.calls_per_replica) == stats.accounting.calls
     if settings["num_replicas"] == 2:
-        assert all(c > 0 for c in stats["calls_per_replica"]), "both replicas must serve calls"
+        assert all(c > 0 for c in stats.calls_per_replica), "both replicas must serve calls"
 
 
 def test_calls_merge_across_chains(ray_address, tmp_path):
-    stats = {}
+    stats, transitions_per_call = {}, {}
     for chains in (1, 8):
         items, config = toy_job(prompts=1, chains=chains)
         summary, stats[chains] = run(items, config, tmp_path / f"out{chains}")
-        assert stats[chains]["calls"] <= summary.chain_rounds
+        assert stats[chains].accounting.calls <= summary.chains.model_calls
+        transitions_per_call[chains] = summary.chains.transitions / stats[chains].accounting.calls
     eight = stats[8]
     chain_rounds_8 = sum(r["model_calls"] for r in read_samples(tmp_path / "out8").to_pylist())
-    assert eight["calls"] < 0.4 * chain_rounds_8, "8 chains' rounds must share calls"
-    assert eight["requests_per_call"] > 3 * stats[1]["requests_per_call"]
-    assert eight["transitions_per_call"] > 3 * stats[1]["transitions_per_call"]
+    assert eight.accounting.calls < 0.4 * chain_rounds_8, "8 chains' rounds must share calls"
+    assert eight.requests_per_call > 3 * stats[1].requests_per_call
+    assert transitions_per_call[8] > 3 * transitions_per_call[1]
 
 
 def test_prompt_affinity_keeps_a_prompt_on_one_replica(ray_address, tmp_path):
     items, config = toy_job(prompts=6, chains=2, num_replicas=2, affinity_slack=100_000)
     _, stats = run(items, config, tmp_path / "out")
-    assert stats["affinity_misses"] == 0
-    assert all(c > 0 for c in stats["calls_per_replica"])
-    assert stats["cached_token_share"] > 0.5
+    assert stats.counters.affinity_misses == 0
+    assert all(c > 0 for c in stats.calls_per_replica)
+    assert stats.cached_token_share > 0.5
 
 
 def test_identical_requests_are_computed_once(ray_address):
-    from actors.coordinator import Coordinator
-    from actors.engine_replica import start_replicas
+    from actors.cluster import SamplingCluster
     from presto_ray.chain import Chain
 
     _, config = toy_job()
-    replicas = start_replicas(config.engine, config.ray)
-    coordinator = ray.remote(Coordinator).remote(replicas, config.ray)
-    try:
+    with SamplingCluster(config.engine, config.ray) as cluster:
         plan = Chain((5, 6, 7), config.sampler, 0).plan()
-        twins = ray.get([coordinator.submit.remote(chain, plan) for chain in ("a", "b")])
-        stats = ray.get(coordinator.get_stats.remote())
+        twins = ray.get([cluster.coordinator.submit.remote(chain, plan) for chain in ("a", "b")])
+        stats = cluster.snapshot()
         assert [c.token_ids for c in twins[0]] == [c.token_ids for c in twins[1]]
-        assert stats["submitted_requests"] == 2 * len(plan)
-        assert stats["deduplicated"] == len(plan)
-        assert stats["requests"] == len(plan)
-    finally:
-        for actor in [coordinator, *replicas]:
-            ray.kill(actor)
+        assert stats.counters.submitted_requests == 2 * len(plan)
+        assert stats.counters.deduplicated == len(plan)
+        assert stats.accounting.num_requests == len(plan)
 
 
 @pytest.mark.parametrize(
@@ -160,7 +156,7 @@ def test_a_replica_killed_mid_call_has_its_requests_resent(ray_address, tmp_path
             return
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
-            busy = [i for i, n in enumerate(job.coordinator_stats()["inflight_calls_per_replica"]) if n]
+            busy = [i for i, n in enumerate(job.snapshot().inflight_calls_per_replica) if n]
             if busy:
                 break
             time.sleep(0.01)
@@ -169,10 +165,10 @@ def test_a_replica_killed_mid_call_has_its_requests_resent(ray_address, tmp_path
 
     try:
         summary = job.run(on_sample=kill_during_a_call)
-        stats = job.coordinator_stats()
+        stats = job.snapshot()
     finally:
         job.shutdown()
-    assert stats["replica_failures"] >= 1 and summary.resent_requests >= 1
+    assert stats.counters.replica_failures >= 1 and summary.resent_requests >= 1
     assert_same_samples(read_samples(tmp_path / "out").to_pylist(), reference(items, config))
 
 
@@ -269,7 +265,7 @@ def test_cli_ray_sample_and_its_errors(ray_address, tmp_path, capsys):
 def test_bench_ray_runs_and_checks_its_samples(ray_address, tmp_path):
     import json
 
-    from deployments.bench_ray import format_report, run_ray_bench
+    from bench.ray_throughput import format_report, run_ray_bench
 
     report = run_ray_bench(
         chain_counts=(2,), policy_chains=0, out_json=tmp_path / "ray.json", out_png=tmp_path / "ray.png",
@@ -291,7 +287,7 @@ def test_coordinator_metrics_reach_the_prometheus_endpoint(ray_address, tmp_path
     wanted = {
         "ray_presto_engine_calls_total", "ray_presto_engine_requests_total", "ray_presto_requests_per_call_count",
         "ray_presto_queue_depth", "ray_presto_chains_active", "ray_presto_cached_token_share",
-        "ray_presto_transitions_total", "ray_presto_transitions_per_call", "ray_presto_prompt_tokens_total",
+        "ray_presto_transitions_total", "ray_presto_chain_rounds_total", "ray_presto_prompt_tokens_total",
     }  # fmt: skip
     deadline, samples = time.monotonic() + 90, {}
     while time.monotonic() < deadline:  # the metrics agent exports every few seconds
@@ -299,8 +295,8 @@ def test_coordinator_metrics_reach_the_prometheus_endpoint(ray_address, tmp_path
         samples = {}
         for line in lines:
             samples.setdefault(line.split("{")[0], []).append(float(line.rsplit(" ", 1)[1]))
-        if wanted <= samples.keys() and sum(samples["ray_presto_engine_calls_total"]) >= stats["calls"]:
+        if wanted <= samples.keys() and sum(samples["ray_presto_engine_calls_total"]) >= stats.accounting.calls:
             break
         time.sleep(1)
     assert wanted <= samples.keys(), sorted(samples)
-    assert sum(samples["ray_presto_engine_calls_total"]) >= stats["calls"] > 0
+    assert sum(samples["ray_presto_engine_calls_total"]) >= stats.accounting.calls > 0

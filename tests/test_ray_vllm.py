@@ -29,7 +29,7 @@ def test_vllm_replica_on_ray_writes_the_in_process_samples(ray_address, vllm_eng
     job = RayJob(items, config, tmp_path / "out")
     try:
         summary = job.run()
-        stats = job.coordinator_stats()
+        stats = job.snapshot()
     finally:
         job.shutdown()
     rows = read_samples(tmp_path / "out").to_pylist()
@@ -38,5 +38,5 @@ def test_vllm_replica_on_ray_writes_the_in_process_samples(ray_address, vllm_eng
         want = expected[(row["prompt_id"], row["chain"])]
         assert row["token_ids"] == want["token_ids"], row["prompt_id"]
         assert row["text"] == want["text"] and row["transitions"] == want["transitions"] == 4
-    assert stats["calls"] < summary.chain_rounds  # the four chains shared calls
-    assert stats["scoring_tokens"] > 0  # log p0 came from vLLM's scoring pass inside the replica
+    assert stats.accounting.calls < summary.chains.model_calls  # the four chains shared calls
+    assert stats.accounting.scoring_tokens > 0  # log p0 came from vLLM's scoring pass inside the replica

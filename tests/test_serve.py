@@ -18,9 +18,9 @@ openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
 
 TOY = {
-    "engine": {"kind": "toy", "vocab_size": 48, "logit_scale": 3.0, "eos_bias": -2.0},
+    "engine": {"kind": "toy", "vocab_size": 48, "logit_scale": 3.0, "eos_bias": -2.0, "max_model_len": 512},
     "sampler": {"block_size": 8, "mh_steps": 4, "prefetch_budget": 4, "seed": 0},
-    "serve": {"max_context_tokens": 512},
+    "serve": {},
 }
 KEY = "test-secret"
 
@@ -112,40 +112,18 @@ def test_streaming_sends_progress_then_the_same_text(toy_service):
 
 
 GOOD = {"model": "toy", "prompt": "hello", "max_tokens": 8, "seed": 1}
+# Every rule is tested as a pure function in test_openai_api.py; these few show the HTTP path
+# carries status, param and message for each kind of error.
 BAD_INPUTS = [
-    ({"alpha": 0.5}, 400, "alpha"),
-    ({"prefetch_budget": 0}, 400, "prefetch_budget"),
-    ({"prefetch_budget": 100_000}, 400, "prefetch_budget"),
-    ({"mh_steps": 1_000_000}, 400, "mh_steps"),
-    ({"traversal": "sideways"}, 400, "traversal"),
-    ({"sampler": "gibbs"}, 400, "sampler"),
-    ({"n": "two"}, 400, "n"),
-    ({"n": 0}, 400, "n"),
-    ({"n": 1000}, 400, "n"),
-    ({"max_tokens": "8"}, 400, "max_tokens"),
-    ({"max_tokens": 0}, 400, "max_tokens"),
-    ({"max_tokens": 10**9}, 400, "max_tokens"),
-    ({"block_size": 3}, 400, "block_size"),
-    ({"alpha": "high"}, 400, "alpha"),
-    ({"seed": -1}, 400, "seed"),
-    ({"stream": "yes"}, 400, "stream"),
-    ({"temperature": 0}, 400, "temperature"),
-    ({"temperature": 1.5}, 400, "temperature"),
-    ({"temperature": 0.5, "alpha": 3.0}, 400, "temperature"),
-    ({"top_p": 0.5}, 400, "top_p"),
-    ({"logprobs": 2}, 400, "logprobs"),
-    ({"stop": ["\n"]}, 400, "stop"),
-    ({"prompt": ""}, 400, "prompt"),
-    ({"prompt": []}, 400, "prompt"),
-    ({"prompt": ["a", "b"]}, 400, "prompt"),
-    ({"prompt": [1, -2]}, 400, "prompt"),
-    ({"prompt": 12}, 400, "prompt"),
+    ({"alpha": 0.5}, 400, "alpha"),  # a power-sampling field the sampler config rejects
+    ({"n": "two"}, 400, "n"),  # a type error
+    ({"stop": ["\n"]}, 400, "stop"),  # a field power sampling cannot honour
     ({"prompt": "x" * 600}, 400, "prompt"),  # over the 512-token context
     ({"model": "gpt-4"}, 404, "model"),
 ]
 
 
-@pytest.mark.parametrize("change,status,param", BAD_INPUTS, ids=[f"{p}-{i}" for i, (_, _, p) in enumerate(BAD_INPUTS)])
+@pytest.mark.parametrize("change,status,param", BAD_INPUTS, ids=[p for _, _, p in BAD_INPUTS])
 def test_bad_completion_fields_get_a_4xx_naming_the_field(toy_service, change, status, param):
     url, _ = toy_service
     response = httpx.post(f"{url}/v1/completions", json={**GOOD, **change}, timeout=60)
@@ -154,21 +132,16 @@ def test_bad_completion_fields_get_a_4xx_naming_the_field(toy_service, change, s
     assert error["param"] == param and param in error["message"] and error["type"]
 
 
-def test_bad_bodies_and_chat_messages_then_a_good_request(toy_service):
+def test_bad_bodies_then_a_good_request(toy_service):
     url, _ = toy_service
     post = lambda path, **kw: httpx.post(f"{url}{path}", timeout=60, **kw)  # noqa: E731
     headers = {"content-type": "application/json"}
     r = post("/v1/completions", content=b'{"prompt": "hi", ', headers=headers)
     assert r.status_code == 400 and "malformed JSON" in r.json()["error"]["message"]
-    r = post("/v1/completions", content=b"[1, 2]", headers=headers)
-    assert r.status_code == 400 and "JSON object" in r.json()["error"]["message"]
     r = post("/v1/completions", content=json.dumps({**GOOD, "prompt": "y" * 2_000_000}).encode(), headers=headers)
     assert r.status_code == 413 and "limit" in r.json()["error"]["message"]
-    r = post("/v1/completions", json={"model": "toy", "max_tokens": 8})
-    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"
-    for messages, param in (([], "messages"), ([{"role": "robot", "content": "hi"}], "messages"), ("hi", "messages")):
-        r = post("/v1/chat/completions", json={"model": "toy", "messages": messages})
-        assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+    r = post("/v1/chat/completions", json={"model": "toy", "messages": []})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "messages", r.text
     good = post("/v1/completions", json=GOOD)
     assert good.status_code == 200 and good.json()["choices"][0]["text"]
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, Protocol, Sequence
+from typing import Literal, Mapping, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
@@ -71,9 +71,46 @@ class EngineOutput:
     accounting: CallAccounting = field(default_factory=CallAccounting)
 
 
-class Engine(Protocol):
-    """Anything that turns a batch of proposal requests into completions in one call."""
+class Tokenizer(Protocol):
+    """Text and chat messages to token ids and back, as the engine's model sees them."""
 
     eos_token_id: int | None
+    vocab_size: int
 
-    def generate(self, requests: Sequence[ProposalRequest]) -> EngineOutput: ...
+    def encode(self, text: str) -> list[int]:
+        """A plain-text prompt, wrapped in the chat template where the engine is configured to."""
+        ...
+
+    def encode_raw(self, text: str) -> list[int]:
+        """The text as it is, never wrapped in a chat template (the completions API)."""
+        ...
+
+    def apply_chat_template(self, messages: Sequence[Mapping[str, str]]) -> list[int]: ...
+
+    def decode(self, token_ids: Sequence[int]) -> str: ...
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """Anything that turns a batch of proposal requests into completions in one call.
+
+    Both engines (the toy and vLLM) implement all of it, so drivers, replicas and the service
+    never ask which engine they hold.
+    """
+
+    tokenizer: Tokenizer
+    eos_token_id: int | None
+    model_name: str  # the id clients name (`/v1/models`)
+    context_length: int  # longest prompt + prefix + generation a request may reach
+
+    def generate(self, requests: Sequence[ProposalRequest]) -> EngineOutput:
+        """One batched call, blocking."""
+        ...
+
+    async def agenerate(self, requests: Sequence[ProposalRequest]) -> EngineOutput:
+        """The same call, awaitable from any event loop (Ray actors)."""
+        ...
+
+    def shutdown(self) -> None:
+        """Free the engine's processes and memory; idempotent."""
+        ...

@@ -8,6 +8,8 @@ the completion is a deterministic function of (seed, context), and exact under q
 
 from __future__ import annotations
 
+import asyncio
+import threading
 import time
 from collections import OrderedDict
 from dataclasses import replace
@@ -37,6 +39,7 @@ class ToyEngine:
             LLM's, so that most MH decisions land near 0 or 1.
         eos_bias: added to the EOS logit before scaling (negative: longer answers).
         context_rows: rows of the context table indexed by the rolling hash.
+        max_model_len: the context length the engine reports (the toy itself has no limit).
         cache_block_size: granularity of the simulated prefix cache used for accounting.
         call_latency_s, token_latency_s: a latency model for benchmarks: each call sleeps
             call_latency_s plus token_latency_s per generated token (a GPU's fixed cost per call
@@ -54,6 +57,7 @@ class ToyEngine:
         context_rows: int = 4096,
         cache_block_size: int = 16,
         cache_capacity_blocks: int = 200_000,
+        max_model_len: int = 4096,
         call_latency_s: float = 0.0,
         token_latency_s: float = 0.0,
     ) -> None:
@@ -75,6 +79,9 @@ class ToyEngine:
         self.tokenizer = ToyTokenizer(vocab_size, eos_token_id)
         self.call_latency_s = float(call_latency_s)
         self.token_latency_s = float(token_latency_s)
+        self.model_name = "toy"
+        self.context_length = int(max_model_len)
+        self._call_lock = threading.Lock()
 
     # --- exact probabilities -------------------------------------------------------------
     @staticmethod
@@ -131,6 +138,17 @@ class ToyEngine:
         return Completion(tuple(tokens), np.array(logp0), np.array(logq), finish, entropy=np.array(entropy))
 
     def generate(self, requests: Sequence[ProposalRequest]) -> EngineOutput:
+        with self._call_lock:  # like a device serving one batch at a time
+            return self._generate(requests)
+
+    async def agenerate(self, requests: Sequence[ProposalRequest]) -> EngineOutput:
+        """The same call in a worker thread, so an actor's event loop stays free for probes."""
+        return await asyncio.to_thread(self.generate, requests)
+
+    def shutdown(self) -> None:
+        """Nothing to free: the toy holds only numpy tables."""
+
+    def _generate(self, requests: Sequence[ProposalRequest]) -> EngineOutput:
         start = time.perf_counter()
         accounting = CallAccounting(calls=1, num_requests=len(requests))
         completions = []

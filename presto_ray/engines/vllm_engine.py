@@ -31,34 +31,12 @@ import os
 import threading
 import time
 from concurrent.futures import Future
-from typing import Literal, Sequence
+from typing import Sequence
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
 
 from presto_ray.engines.base import CallAccounting, Completion, EngineOutput, ProposalRequest
-
-
-class VLLMEngineConfig(BaseModel):
-    """vLLM settings. Defaults are the CPU settings measured to matter (see ENGINE_NOTES.md)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    kind: Literal["vllm"] = "vllm"
-    model: str | None = Field(None, description="Local HF model folder; None: the packaged SmolLM2-135M-Instruct.")
-    dtype: Literal["float32", "bfloat16", "float16", "auto"] = Field("float32", description="Weights and activations.")
-    enforce_eager: bool = Field(True, description="Skip torch.compile: ~20 s start-up instead of ~120 s on CPU.")
-    block_size: int = Field(32, ge=1, description="KV block size: the prefix cache reuses full blocks only.")
-    gpu_memory_utilization: float = Field(0.3, gt=0.0, le=1.0, description="Share of (NUMA-node) memory for vLLM.")
-    max_model_len: int = Field(2048, ge=16, description="Longest prompt + generation.")
-    max_num_seqs: int = Field(64, ge=1, description="Most sequences vLLM decodes at once.")
-    tensor_parallel_size: int = Field(1, ge=1)
-    seed: int = Field(0, description="Engine seed (requests carry their own seeds).")
-    cpu_threads_bind: str | None = Field(
-        "all", description="VLLM_CPU_OMP_THREADS_BIND on CPUs: 'all' binds every core to the worker; None leaves vLLM's default."
-    )
-    chat_template_for_prompts: bool = Field(
-        True, description="Wrap plain-text prompts as one user message when the model has a chat template."
-    )
+from presto_ray.engines.specs import VLLMEngineConfig
 
 
 def _set_cpu_environment(config: VLLMEngineConfig) -> None:
@@ -156,7 +134,8 @@ class VLLMEngine:
         self.startup_time_s = time.perf_counter() - start
         self.tokenizer = HFTokenizer(self._llm.get_tokenizer(), config.chat_template_for_prompts)
         self.eos_token_id: int | None = self.tokenizer.eos_token_id
-        self.max_model_len = config.max_model_len
+        self.max_model_len = self.context_length = config.max_model_len
+        self.model_name = config.model_name
 
     async def _start(self):
         from vllm.engine.arg_utils import AsyncEngineArgs
@@ -167,7 +146,7 @@ class VLLMEngine:
             model=self.model_dir,
             dtype=c.dtype,
             enforce_eager=c.enforce_eager,
-            block_size=c.block_size,
+            block_size=c.kv_block_size,
             gpu_memory_utilization=c.gpu_memory_utilization,
             max_model_len=c.max_model_len,
             max_num_seqs=c.max_num_seqs,

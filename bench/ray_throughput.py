@@ -18,14 +18,15 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+from bench.table import Columns, format_table
 from presto_ray import __version__
-from presto_ray.bench import format_table
-from presto_ray.job import JobConfig, build_engine, run_job
+from presto_ray.engines import build_engine
+from presto_ray.job import JobConfig, JobSummary, run_job
 from presto_ray.output import write_json_atomic
 from presto_ray.prompts import PromptItem
 
 TOY_LATENCY = {"call_latency_s": 0.05, "token_latency_s": 2e-5}
-COLUMNS = [
+COLUMNS: Columns = [
     ("engine", "engine", "{}"),
     ("chains", "chains", "{}"),
     ("ray_transitions_per_s", "Ray trans/s", "{:.1f}"),
@@ -38,7 +39,7 @@ COLUMNS = [
     ("cached_token_share", "cached", "{:.2f}"),
     ("same_samples", "same", "{}"),
 ]
-POLICY_COLUMNS = [
+POLICY_COLUMNS: Columns = [
     ("batch_window_ms", "window ms", "{:g}"),
     ("max_inflight_calls", "in flight", "{}"),
     ("chains", "chains", "{}"),
@@ -63,41 +64,45 @@ def _job_config(engine: dict, sampler: dict, chains: int, ray: dict) -> tuple[li
     return items, config
 
 
-def _ray_run(items, config, out_dir: Path, replicas) -> tuple[dict, dict, float]:
-    from deployments.batch_job import RayJob
-
+def _ray_run(items, config, out_dir: Path, replicas) -> tuple[JobSummary, float]:
     import shutil
+
+    from deployments.batch_job import RayJob
 
     job = RayJob(items, config, out_dir, replicas=replicas)
     job.start()
     try:
         start = time.perf_counter()
         summary = job.run()
-        elapsed = time.perf_counter() - start
-        return {(r["prompt_id"], r["chain"]): r["token_ids"] for r in summary.rows}, job.coordinator_stats(), elapsed
+        return summary, time.perf_counter() - start
     finally:
         job.shutdown()
         shutil.rmtree(out_dir, ignore_errors=True)
+
+
+def _samples(summary: JobSummary) -> dict:
+    return {(r["prompt_id"], r["chain"]): r["token_ids"] for r in summary.rows}
 
 
 def measure(engine_spec: dict, sampler: dict, chains: int, ray: dict, work_dir: Path, replicas, local_engine=None) -> dict:
     """One row: the same job on Ray (on running `replicas`) and in-process (when `local_engine` is given)."""
     items, config = _job_config(engine_spec, sampler, chains, ray)
     out = work_dir / f"{engine_spec['kind']}-{chains}-{time.time_ns()}"
-    ray_samples, stats, ray_time = _ray_run(items, config, out, replicas)
+    summary, ray_time = _ray_run(items, config, out, replicas)
+    calls, transitions = summary.engine.calls, summary.chains.transitions
     row = {
         "engine": engine_spec["kind"],
         "chains": chains,
         "batch_window_ms": config.ray.batch_window_s * 1000,
         "max_inflight_calls": config.ray.max_inflight_calls,
         "ray_wall_s": ray_time,
-        "ray_calls": stats["calls"],
-        "transitions": stats["transitions"],
-        "ray_transitions_per_s": stats["transitions"] / ray_time,
-        "requests_per_call": stats["requests_per_call"],
-        "transitions_per_call": stats["transitions_per_call"],
-        "cached_token_share": stats["cached_token_share"],
-        "engine_time_s": stats["engine_time_s"],
+        "ray_calls": calls,
+        "transitions": transitions,
+        "ray_transitions_per_s": transitions / ray_time,
+        "requests_per_call": summary.engine.num_requests / calls,
+        "transitions_per_call": transitions / calls,
+        "cached_token_share": summary.engine.cached_prompt_tokens / max(summary.engine.prompt_tokens, 1),
+        "engine_time_s": summary.engine.wall_time_s,
     }
     if local_engine is not None:
         start = time.perf_counter()
@@ -105,33 +110,26 @@ def measure(engine_spec: dict, sampler: dict, chains: int, ray: dict, work_dir: 
         local_time = time.perf_counter() - start
         row.update(
             local_wall_s=local_time,
-            local_calls=local.engine_calls,
-            local_transitions_per_s=local.transitions / local_time,
-            share_of_engine=(stats["transitions"] / ray_time) / (local.transitions / local_time),
-            same_samples={(r["prompt_id"], r["chain"]): r["token_ids"] for r in local.rows} == ray_samples,
+            local_calls=local.engine.calls,
+            local_transitions_per_s=local.chains.transitions / local_time,
+            share_of_engine=(transitions / ray_time) / (local.chains.transitions / local_time),
+            same_samples=_samples(local) == _samples(summary),
         )
     return row
 
 
 def _engines(engine_spec: dict, sampler: dict, work_dir: Path, build) -> tuple:
-    """The in-process engine and one Ray replica of the same spec, both warmed up on every prompt
-    (vLLM's first calls and cold prefix caches must not count against either side)."""
-    from actors.engine_replica import start_replicas
+    """The in-process engine and a cluster with one Ray replica of the same spec, both warmed up on
+    every prompt (vLLM's first calls and cold prefix caches must not count against either side).
+    Each measured job runs its own coordinator on the cluster's replicas."""
+    from actors.cluster import SamplingCluster
 
     items, config = _job_config(engine_spec, sampler, 4, {})
     engine = build(config.engine)
-    replicas = start_replicas(config.engine, config.ray)
+    cluster = SamplingCluster(config.engine, config.ray).start()
     run_job(items, config, engine)
-    _ray_run(items, config, work_dir / f"warmup-{time.time_ns()}", replicas)
-    return engine, replicas
-
-
-def _stop(replicas) -> None:
-    import ray
-
-    ray.get([r.shutdown.remote() for r in replicas])
-    for replica in replicas:
-        ray.kill(replica)
+    _ray_run(items, config, work_dir / f"warmup-{time.time_ns()}", cluster.replicas)
+    return engine, cluster
 
 
 def run_ray_bench(
@@ -144,14 +142,15 @@ def run_ray_bench(
     work_dir: str | Path = "out/bench-ray",
     progress=print,
 ) -> dict:
-    from deployments.batch_job import ensure_ray
+    from actors.cluster import ensure_ray
 
     ensure_ray()
     work_dir = Path(work_dir)
     toy = {"kind": "toy", "vocab_size": 64, "logit_scale": 4.0, "eos_bias": -3.0, **TOY_LATENCY}
     toy_sampler = {"block_size": 32, "num_blocks": 1, "mh_steps": 30, "prefetch_budget": 8, "seed": 0}
     rows, policy = [], []
-    toy_engine, toy_replicas = _engines(toy, toy_sampler, work_dir, build_engine)
+    toy_engine, toy_cluster = _engines(toy, toy_sampler, work_dir, build_engine)
+    toy_replicas = toy_cluster.replicas
     for chains in chain_counts:
         rows.append(measure(toy, toy_sampler, chains, {}, work_dir, toy_replicas, toy_engine))
         progress(f"toy chains={chains}: share {rows[-1]['share_of_engine']:.2f}, {rows[-1]['requests_per_call']:.1f} req/call")
@@ -160,19 +159,19 @@ def run_ray_bench(
             ray = {"batch_window_s": window, "max_inflight_calls": inflight}
             policy.append(measure(toy, toy_sampler, policy_chains, ray, work_dir, toy_replicas, toy_engine))
             progress(f"policy window={window} inflight={inflight}: {policy[-1]['ray_transitions_per_s']:.1f} trans/s")
-    _stop(toy_replicas)
+    toy_cluster.shutdown()
     vllm_sampler = {"block_size": 24, "num_blocks": 1, "mh_steps": 6, "prefetch_budget": 4, "seed": 0}
     model_dir = None
     if vllm_chain_counts:
         from presto_ray.engines.vllm_engine import VLLMEngine
 
-        engine, replicas = _engines({"kind": "vllm"}, vllm_sampler, work_dir, lambda _: VLLMEngine())
+        engine, cluster = _engines({"kind": "vllm"}, vllm_sampler, work_dir, lambda _: VLLMEngine())
         with engine:
             model_dir = engine.model_dir
             for chains in vllm_chain_counts:
-                rows.append(measure({"kind": "vllm"}, vllm_sampler, chains, {}, work_dir, replicas, engine))
+                rows.append(measure({"kind": "vllm"}, vllm_sampler, chains, {}, work_dir, cluster.replicas, engine))
                 progress(f"vllm chains={chains}: share {rows[-1]['share_of_engine']:.2f}")
-        _stop(replicas)
+        cluster.shutdown()
     report = {
         "timestamp": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "config": {
@@ -197,9 +196,9 @@ def run_ray_bench(
 
 def format_report(report: dict) -> str:
     return (
-        format_table(report, COLUMNS)
+        format_table(report["rows"], COLUMNS)
         + "\n\nbatching policy (toy):\n"
-        + format_table({"rows": report["policy"]}, POLICY_COLUMNS)
+        + format_table(report["policy"], POLICY_COLUMNS)
     )
 
 

@@ -10,8 +10,8 @@ from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 
+from bench.table import Columns, format_table
 from presto_ray import __version__
-from presto_ray.bench import format_table
 from presto_ray.config import SamplerConfig
 from presto_ray.driver import sample_many
 from presto_ray.engines.vllm_engine import VLLMEngine, VLLMEngineConfig
@@ -19,7 +19,7 @@ from presto_ray.job import encode_prompt
 from presto_ray.output import write_json_atomic
 from presto_ray.prompts import read_prompts
 
-COLUMNS: list[tuple[str, str, str]] = [
+COLUMNS: Columns = [
     ("sampler", "sampler", "{}"),
     ("traversal", "traversal", "{}"),
     ("budget", "N_pf", "{}"),
@@ -152,5 +152,5 @@ def plot(report: dict, path: str | Path) -> None:
     plt.close(fig)
 
 
-def format_real_table(report: dict) -> str:
-    return format_table(report, COLUMNS)
+def format_report(report: dict) -> str:
+    return format_table(report["rows"], COLUMNS)

@@ -6,6 +6,7 @@ import os
 from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 
+from bench.table import Columns, format_table
 from presto_ray import __version__
 from presto_ray.config import SamplerConfig
 from presto_ray.driver import sample
@@ -16,8 +17,7 @@ from presto_ray.results import SampleResult
 # A peaked, LLM-like toy model: most MH decisions land near 0 or 1.
 TOY_ENGINE = {"vocab_size": 64, "eos_token_id": 0, "seed": 1, "logit_scale": 4.0, "eos_bias": -3.0}
 
-# (row key, table header, cell format); the order is the table's.
-COLUMNS: list[tuple[str, str, str]] = [
+COLUMNS: Columns = [
     ("sampler", "sampler", "{}"),
     ("traversal", "traversal", "{}"),
     ("budget", "budget", "{}"),
@@ -139,25 +139,5 @@ def run_toy_bench(
     return report
 
 
-def _cells(report: dict, columns) -> tuple[list[str], list[list[str]]]:
-    headers = [header for _, header, _ in columns]
-    body = [[fmt.format(row[key]) for key, _, fmt in columns] for row in report["rows"]]
-    return headers, body
-
-
-def format_table(report: dict, columns=COLUMNS) -> str:
-    """An aligned plain-text table: first column left-aligned, the rest right-aligned."""
-    headers, body = _cells(report, columns)
-    widths = [max(len(line[i]) for line in [headers, *body]) for i in range(len(headers))]
-
-    def line(cells: list[str]) -> str:
-        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths)))
-
-    return "\n".join([line(headers), line(["-" * w for w in widths]), *map(line, body)])
-
-
-def format_markdown(report: dict, columns=COLUMNS) -> str:
-    """The same table in GitHub markdown."""
-    headers, body = _cells(report, columns)
-    align = [":---"] + ["---:"] * (len(headers) - 1)
-    return "\n".join("| " + " | ".join(cells) + " |" for cells in [headers, align, *body])
+def format_report(report: dict) -> str:
+    return format_table(report["rows"], COLUMNS)

@@ -1,0 +1,181 @@
+"""The toy model on a continuous-batching device simulated in virtual time.
+
+Requests are submitted one at a time and run as sequences of a continuously batched decode loop:
+each decode step generates one token for every running sequence and costs
+`step_cost + step_cost_per_sequence * running` time units (b = 0: a GPU, whose batch is nearly
+free; b > 0: a CPU). A request starts as soon as it is submitted (its prompt is in the prefix
+cache, so prefill is free) unless `max_running` sequences already run; waiting requests start in
+priority order (lower first, then first come). Completions are the toy's exact completions, a
+pure function of the request, revealed one token per decode step, so partial tokens are final
+and figures are exact and noise-free.
+
+The same engine serves rounds (`generate`: submit a batch, run until all of it ends) and
+streaming (`submit`, `abort`, `advance`), so schedules compare on one clock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from presto_ray.engines.base import CallAccounting, Completion, EngineOutput, ProposalRequest
+from presto_ray.engines.toy import ToyEngine
+
+
+@dataclass
+class _Sequence:
+    handle: int
+    request: ProposalRequest
+    completion: Completion
+    priority: float
+    generated: int = 0
+    wakes: list[int] = field(default_factory=list)  # token counts someone waits for (forks)
+
+    @property
+    def remaining(self) -> int:
+        return len(self.completion.token_ids) - self.generated
+
+
+@dataclass(frozen=True)
+class EngineEvent:
+    """`handle` finished (`completion` set) or reached `generated` tokens that someone waits for."""
+
+    handle: int
+    generated: int
+    completion: Completion | None = None
+
+
+@dataclass
+class ClockStats:
+    decode_steps: int = 0  # decode iterations with at least one running sequence
+    time: float = 0.0  # virtual time: sum over steps of step_cost + step_cost_per_sequence * running
+    generated_tokens: int = 0  # tokens decoded, aborted requests' included
+    aborted_requests: int = 0
+    wasted_tokens: int = 0  # tokens decoded by requests aborted before they ended
+    max_running: int = 0
+
+
+class VirtualClockEngine:
+    """A ToyEngine behind a continuous-batching scheduler on a virtual clock (see module doc)."""
+
+    def __init__(
+        self,
+        toy: ToyEngine,
+        *,
+        step_cost: float = 1.0,
+        step_cost_per_sequence: float = 0.0,
+        max_running: int | None = None,
+    ) -> None:
+        self.toy = toy
+        self.tokenizer = toy.tokenizer
+        self.eos_token_id = toy.eos_token_id
+        self.model_name = toy.model_name
+        self.context_length = toy.context_length
+        self.step_cost, self.step_cost_per_sequence = float(step_cost), float(step_cost_per_sequence)
+        self.max_running = max_running
+        self.clock = ClockStats()
+        self._handles = itertools.count()
+        self._order = itertools.count()
+        self._running: dict[int, _Sequence] = {}
+        self._waiting: list[tuple[float, int, _Sequence]] = []  # heap by (priority, arrival)
+        self._finished: list[EngineEvent] = []  # ended at submission (no tokens to generate)
+
+    # --- streaming -------------------------------------------------------------------------
+    def submit(self, request: ProposalRequest, priority: float = 0.0) -> int:
+        completion = self.toy.generate([request]).completions[0]
+        seq = _Sequence(next(self._handles), request, completion, priority)
+        if seq.remaining == 0:
+            self._finished.append(EngineEvent(seq.handle, 0, completion))
+        elif self.max_running is None or len(self._running) < self.max_running:
+            self._running[seq.handle] = seq
+        else:
+            heapq.heappush(self._waiting, (priority, next(self._order), seq))
+        return seq.handle
+
+    def wake_at(self, handle: int, generated: int) -> None:
+        """Report an event when `handle` has generated `generated` tokens (a fork point)."""
+        seq = self._find(handle)
+        if seq is not None and seq.generated < generated < len(seq.completion.token_ids):
+            seq.wakes.append(generated)
+
+    def partial_tokens(self, handle: int) -> tuple[int, ...]:
+        """The tokens `handle` has generated so far (final: a proposal never rewrites them)."""
+        seq = self._find(handle)
+        return seq.completion.token_ids[: seq.generated] if seq is not None else ()
+
+    def abort(self, handle: int) -> None:
+        seq = self._running.pop(handle, None)
+        if seq is None:
+            waiting = [entry for entry in self._waiting if entry[2].handle == handle]
+            if not waiting:
+                return
+            self._waiting.remove(waiting[0])
+            heapq.heapify(self._waiting)
+            seq = waiting[0][2]
+        self.clock.aborted_requests += 1
+        self.clock.wasted_tokens += seq.generated
+        self._admit()
+
+    @property
+    def busy(self) -> bool:
+        return bool(self._running or self._waiting or self._finished)
+
+    def advance(self) -> list[EngineEvent]:
+        """Run decode steps up to the next completion or wake point; the events that happened."""
+        if self._finished:
+            events, self._finished = self._finished, []
+            return events
+        if not self._running:
+            return []
+        steps = min(min([s.remaining, *(w - s.generated for w in s.wakes)]) for s in self._running.values())
+        running = len(self._running)
+        self.clock.decode_steps += steps
+        self.clock.time += steps * (self.step_cost + self.step_cost_per_sequence * running)
+        self.clock.generated_tokens += steps * running
+        self.clock.max_running = max(self.clock.max_running, running)
+        events = []
+        for seq in list(self._running.values()):
+            seq.generated += steps
+            if seq.remaining == 0:
+                del self._running[seq.handle]
+                events.append(EngineEvent(seq.handle, seq.generated, seq.completion))
+            elif seq.generated in seq.wakes:
+                seq.wakes = [w for w in seq.wakes if w > seq.generated]
+                events.append(EngineEvent(seq.handle, seq.generated))
+        self._admit()
+        return events
+
+    # --- the batch protocol (rounds and the serial chain) -----------------------------------
+    def generate(self, requests: Sequence[ProposalRequest]) -> EngineOutput:
+        handles = [self.submit(r) for r in requests]
+        done: dict[int, Completion] = {}
+        while len(done) < len(handles):
+            done.update((e.handle, e.completion) for e in self.advance() if e.completion is not None)
+        completions = [done[h] for h in handles]
+        accounting = CallAccounting(
+            calls=1,
+            num_requests=len(requests),
+            prompt_tokens=sum(len(r.context_token_ids) for r in requests),
+            generated_tokens=sum(len(c.token_ids) for c in completions),
+        )
+        return EngineOutput(completions, accounting)
+
+    async def agenerate(self, requests: Sequence[ProposalRequest]) -> EngineOutput:
+        return await asyncio.to_thread(self.generate, requests)
+
+    def shutdown(self) -> None:
+        """Nothing to free."""
+
+    # --- internals --------------------------------------------------------------------------
+    def _find(self, handle: int) -> _Sequence | None:
+        if handle in self._running:
+            return self._running[handle]
+        return next((entry[2] for entry in self._waiting if entry[2].handle == handle), None)
+
+    def _admit(self) -> None:
+        while self._waiting and (self.max_running is None or len(self._running) < self.max_running):
+            _, _, seq = heapq.heappop(self._waiting)
+            self._running[seq.handle] = seq

@@ -1,0 +1,42 @@
+"""Output rows are built from a SampleResult next to the Parquet schema: the two cannot drift."""
+
+from dataclasses import fields
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from presto_ray import SamplerConfig
+from presto_ray.driver import sample
+from presto_ray.engines import ToyEngineSpec
+from presto_ray.output import COLUMNS, SAMPLE_SCHEMA, read_samples, sample_row, write_parquet_atomic
+from presto_ray.results import SampleStats
+
+
+def _rows():
+    engine = ToyEngineSpec(vocab_size=32).build()
+    config = SamplerConfig(block_size=8, mh_steps=4, prefetch_budget=4, seed=3)
+    rows = []
+    for chain in range(3):
+        result = sample(engine, [4, 5, 6 + chain], config.model_copy(update={"seed": chain}))
+        rows.append(sample_row("p", chain, chain, result, engine.tokenizer, config.model_dump_json()))
+    return rows, result
+
+
+def test_rows_have_exactly_the_schema_columns_and_types(tmp_path):
+    rows, _ = _rows()
+    assert all(list(row) == SAMPLE_SCHEMA.names for row in rows)
+    table = pa.Table.from_pylist(rows, schema=SAMPLE_SCHEMA)  # raises on a value of the wrong type
+    write_parquet_atomic(rows, tmp_path / "s.parquet")
+    assert pq.read_schema(tmp_path / "s.parquet").names == SAMPLE_SCHEMA.names
+    assert read_samples(tmp_path / "s.parquet").to_pylist() == table.to_pylist()
+
+
+def test_statistics_columns_are_the_chains_own_figures():
+    rows, result = _rows()
+    stat_names = {f.name for f in fields(SampleStats)}
+    stat_columns = [c.name for c in COLUMNS if c.name in stat_names]
+    assert "model_calls" in stat_columns and "cached_prompt_tokens" in stat_columns
+    for name in stat_columns:
+        assert rows[-1][name] == getattr(result.stats, name)
+    assert rows[-1]["token_ids"] == list(result.token_ids)
+    assert result.stats.prompt_tokens > 0 and result.stats.model_calls > 0
