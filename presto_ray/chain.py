@@ -1,29 +1,54 @@
 """The chain: a pure state machine (no I/O) that plans requests and walks their results.
 
+Two schedules drive the same machine (ALGORITHM.md sections 4 and 4b):
+
+    # rounds: plan, wait for every request of the round, walk
     requests = chain.plan()          # the proposal requests of the next round
     chain.advance(completions)       # walk the realized path with the results (same order)
+
+    # streaming: keep requests running, walk each completion the moment it lands
+    for start in chain.start_requests(): ...     # new requests (key, request, priority), needed first
+    chain.complete(key, completion)              # walk as far as the realized path allows
+    chain.observe_progress(key, token_ids)       # tokens a running proposal has so far (forks)
+    chain.fork_points()                          # running proposal -> token count that unlocks a request
+    chain.useless_requests()                     # running requests no reachable node needs: abort them
+
     chain.result(wall_time_s)        # once chain.done: the sample and its SampleStats
 
-Serial PowerMH is this machine with one step per round (one request; MultiTryMH: one per try). Every random choice is keyed by
-(seed, step), so any traversal, batch or driver gives the serial chain's exact trajectory.
+Serial PowerMH is this machine with one step at a time (one request; MultiTryMH: one per try).
+Every random choice is keyed by (seed, step), and the walk looks a completion up by its realized
+(step, prefix), so any traversal, schedule, batch or driver gives the serial chain's trajectory.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 from presto_ray.config import SamplerConfig
 from presto_ray.engines.base import Completion, ProposalRequest
 from presto_ray.keys import extension_seed, step_keys, try_seed
 from presto_ray.kernels import EntropyCut, PowerMHKernel, build_kernel
-from presto_ray.plan_tree import RequestKey, build_plan_tree
+from presto_ray.plan_tree import PlanTree, RequestKey, build_plan_tree
 from presto_ray.predictor import EdgePredictor
 from presto_ray.results import SampleResult, SampleStats
 from presto_ray.schedule import Event, Schedule
-from presto_ray.selection import select_breadth_first, select_max_expected
+from presto_ray.selection import reach_probabilities, select_breadth_first, select_max_expected
 from presto_ray.state import ChainState
+
+
+StreamKey = tuple[int, tuple[int, ...], int]  # one request: (event index, prefix, try index)
+
+
+@dataclass(frozen=True)
+class StartRequest:
+    """A request the chain wants running now. `priority`: lower runs first; 0 for the request the
+    walk needs next, else 1 - the probability that the walk uses it."""
+
+    key: StreamKey
+    request: ProposalRequest
+    priority: float
 
 
 @dataclass
@@ -73,36 +98,24 @@ class Chain:
         self.done = False
         self.stats = SampleStats()
         self.edges: list[EdgeRecord] | None = [] if record_edges else None
-        # (event index, prefix, try index) -> position of that request in the round's plan
-        self._planned: dict[tuple, int] | None = None
+        # rounds: (event index, prefix, try index) -> position of that request in the round's plan
+        self._planned: dict[StreamKey, int] | None = None
+        # streaming: requests running, completions not walked yet, tokens of running proposals
+        self._running: dict[StreamKey, None] = {}
+        self._completed: dict[StreamKey, Completion] = {}
+        self._partial: dict[StreamKey, tuple[int, ...]] = {}
+        self._tree: PlanTree | None = None  # the streaming plan from the current state and knowledge
         self._skip_free_events()
 
     # --- planning ------------------------------------------------------------------------
     def plan(self) -> list[ProposalRequest]:
+        """Rounds: the requests of the next round (the root's always among them)."""
         if self.done:
             raise RuntimeError("the chain is finished")
-        config = self.config
-        predictive = config.traversal == "predictive"
-        tree = build_plan_tree(
-            self.state.tokens,
-            self.event_index,
-            self.schedule,
-            fixed_length=config.fixed_length,
-            stop_at_eos=config.stop_at_eos,
-            eos_token_id=self.eos_token_id,
-            cut_for=self._planned_cut,
-            accept_branch_probability=self.predictor.accept_branch_probability if predictive else lambda _: 0.5,
-            max_keyed_depth=1 if config.traversal == "serial" else config.prefetch_budget,
-            requests_per_step=self.kernel.num_tries,
-        )
-        if config.traversal == "serial":
-            keys = []
-        elif predictive:
-            keys = select_max_expected(tree, config.prefetch_budget, config.min_expected_gain)
-        else:
-            keys = select_breadth_first(tree, config.prefetch_budget)
-        if tree.key is not None and tree.key not in keys:
-            keys.insert(0, tree.key)  # the root always goes: every round must make progress
+        if self.config.schedule != "rounds":
+            raise ValueError(f"this chain's schedule is {self.config.schedule!r}: drive it with start_requests() and complete()")
+        tree = self._plan_tree(streaming=False)
+        keys = self._select(tree, self.config.prefetch_budget, issued=set())
         requests: list[ProposalRequest] = []
         self._planned = {}
         for key in keys:
@@ -111,6 +124,43 @@ class Chain:
                 requests.append(request)
         self.stats.prompt_tokens += sum(len(r.context_token_ids) for r in requests)
         return requests
+
+    def _plan_tree(self, streaming: bool) -> PlanTree:
+        config = self.config
+        return build_plan_tree(
+            self.state.tokens,
+            self.event_index,
+            self.schedule,
+            fixed_length=config.fixed_length,
+            stop_at_eos=config.stop_at_eos,
+            eos_token_id=self.eos_token_id,
+            cut_for=self._planned_cut,
+            accept_branch_probability=self._accept_branch_probability,
+            max_keyed_depth=1 if config.traversal == "serial" else config.prefetch_budget,
+            requests_per_step=self.kernel.num_tries,
+            # MultiTryMH: which try an accept keeps is known only when the step is walked
+            proposal=self._proposal_knowledge if streaming and self.kernel.num_tries == 1 else None,
+        )
+
+    def _accept_branch_probability(self, cut_fraction: float) -> float:
+        if self.config.traversal == "predictive":
+            return self.predictor.accept_branch_probability(cut_fraction)
+        return 0.5
+
+    def _select(self, tree: PlanTree, budget: int, issued: set[RequestKey]) -> list[RequestKey]:
+        """New keys to issue within `budget` requests; the root's always, when it is not issued
+        (every round, every walk must make progress)."""
+        config = self.config
+        keys: list[RequestKey] = []
+        if config.traversal != "serial" and budget > 0:
+            if config.traversal == "predictive":
+                keys = select_max_expected(tree.root, budget, config.min_expected_gain, issued=issued)
+            else:
+                keys = select_breadth_first(tree.root, budget, issued=issued)
+        root_key = tree.root.key
+        if root_key is not None and root_key not in issued and root_key not in keys:
+            keys.insert(0, root_key)
+        return keys
 
     def _planned_cut(self, step: int, length: int) -> int | None:
         """The cut of `step` for a planned state of `length` tokens sharing the root's known part.
@@ -148,7 +198,7 @@ class Chain:
 
     # --- walking -------------------------------------------------------------------------
     def advance(self, completions: Sequence[Completion]) -> RoundReport:
-        """Walk the realized path through this round's completions (in plan order)."""
+        """Rounds: walk the realized path through this round's completions (in plan order)."""
         if self._planned is None:
             raise RuntimeError("advance() without a plan()")
         if len(completions) != len(self._planned):
@@ -159,39 +209,130 @@ class Chain:
         stats.requests += len(completions)
         stats.generated_tokens += sum(len(c.token_ids) for c in completions)
         stats.cached_prompt_tokens += sum(c.cached_prompt_tokens for c in completions)
-        used: set[int] = set()
-        report = RoundReport(0, 0, 0)
-        while not self.done:
-            event = self.schedule.event(self.event_index)
-            if event.is_extension:
-                index = planned.get((event.index, self.state.tokens, 0))
-                if index is None:
-                    break
-                self.state = self.state.replace_suffix(len(self.state), completions[index])
-                stats.extensions += 1
-                used.add(index)
-            else:
-                indices = self._walk_step(event, planned, completions, report)
-                if indices is None:
-                    break
-                used.update(indices)
-            report.events_completed += 1
-            self._finish_event(event)
-            self._skip_free_events()
+        report, used = self._walk(lambda key: completions[planned[key]] if key in planned else None)
         if report.events_completed == 0:
             raise RuntimeError("a round completed no event: the root request was missing")
         stats.requests_used += len(used)
         return report
 
-    def _walk_step(self, event: Event, planned, completions, report: RoundReport) -> list[int] | None:
+    # --- streaming -----------------------------------------------------------------------
+    def start_requests(self) -> list[StartRequest]:
+        """Requests to start now, needed first: the root's when it is not running, then the most
+        probable ones, while fewer than `prefetch_budget` requests run."""
+        if self.done:
+            return []
+        tree = self._streaming_tree()
+        issued = {key[:2] for key in (*self._running, *self._completed)}
+        keys = self._select(tree, self.config.prefetch_budget - len(self._running), issued)
+        if not keys:
+            return []
+        reach = reach_probabilities(tree.root, issued | set(keys))
+        starts = []
+        for key in keys:
+            priority = 0.0 if key == tree.root.key else 1.0 - reach[key]
+            for i, request in enumerate(self._requests(key)):
+                starts.append(StartRequest((*key, i), request, priority))
+                self._running[(*key, i)] = None
+        self.stats.model_calls += 1
+        self.stats.requests += len(starts)
+        self.stats.forked_requests += sum(key in tree.forks for key in keys)
+        self.stats.prompt_tokens += sum(len(s.request.context_token_ids) for s in starts)
+        self._tree = None
+        return starts
+
+    def complete(self, key: StreamKey, completion: Completion) -> RoundReport:
+        """A running request ended: walk as far as the realized path allows."""
+        if key not in self._running:
+            raise KeyError(f"{key[:1]} is not a running request of this chain")
+        del self._running[key]
+        self._partial.pop(key, None)
+        self._completed[key] = completion
+        self.stats.generated_tokens += len(completion.token_ids)
+        self.stats.cached_prompt_tokens += completion.cached_prompt_tokens
+        report, used = self._walk(self._completed.get)
+        for used_key in used:
+            del self._completed[used_key]
+        self.stats.requests_used += len(used)
+        self._tree = None
+        return report
+
+    def observe_progress(self, key: StreamKey, token_ids: Sequence[int]) -> None:
+        """The first tokens of a running proposal: final, so requests may fork from them."""
+        if key in self._running:
+            self._partial[key] = tuple(token_ids)
+            self._tree = None
+
+    def fork_points(self) -> dict[StreamKey, int]:
+        """Running proposal -> how many of its tokens unlock a request deferred on it."""
+        if self.done:
+            return {}
+        points = self._streaming_tree().fork_points
+        return {(*key, 0): n for key, n in points.items() if (*key, 0) in self._running}
+
+    def useless_requests(self) -> list[StreamKey]:
+        """Running requests no reachable node can use any more (the chain forgets them)."""
+        needed = set() if self.done else self._streaming_tree().keys
+        useless = [key for key in self._running if key[:2] not in needed]
+        for key in useless:
+            del self._running[key]
+            self._partial.pop(key, None)
+        for key in [key for key in self._completed if key[:2] not in needed]:
+            del self._completed[key]
+        self.stats.aborted_requests += len(useless)
+        return useless
+
+    @property
+    def running_requests(self) -> int:
+        return len(self._running)
+
+    def _streaming_tree(self) -> PlanTree:
+        if self._tree is None:
+            self._tree = self._plan_tree(streaming=True)
+        return self._tree
+
+    def _proposal_knowledge(self, key: RequestKey) -> tuple[tuple[int, ...], bool] | None:
+        stream_key = (*key, 0)
+        if stream_key in self._completed:
+            return self._completed[stream_key].token_ids, True
+        if stream_key in self._running:
+            return self._partial.get(stream_key, ()), False
+        return None
+
+    # --- walking -------------------------------------------------------------------------
+    def _walk(self, lookup: Callable[[StreamKey], Completion | None]) -> tuple[RoundReport, list[StreamKey]]:
+        """Apply events while the realized path's requests have completed; the keys it consumed."""
+        report = RoundReport(0, 0, 0)
+        used: list[StreamKey] = []
+        while not self.done:
+            event = self.schedule.event(self.event_index)
+            if event.is_extension:
+                key = (event.index, self.state.tokens, 0)
+                completion = lookup(key)
+                if completion is None:
+                    break
+                self.state = self.state.replace_suffix(len(self.state), completion)
+                self.stats.extensions += 1
+                used.append(key)
+            else:
+                keys = self._walk_step(event, lookup, report)
+                if keys is None:
+                    break
+                used.extend(keys)
+            report.events_completed += 1
+            self._finish_event(event)
+            self._skip_free_events()
+        return report, used
+
+    def _walk_step(self, event: Event, lookup, report: RoundReport) -> list[StreamKey] | None:
         keys = step_keys(self.config.seed, event.step)
         state = self.state
         cut = self.kernel.cut_law.draw(keys.cut_uniform, state)
         prefix = state.tokens[:cut]
-        indices = [planned.get((event.index, prefix, i)) for i in range(self.kernel.num_tries)]
-        if None in indices:
+        request_keys = [(event.index, prefix, i) for i in range(self.kernel.num_tries)]
+        completions = [lookup(key) for key in request_keys]
+        if None in completions:
             return None
-        transition = self.kernel.transition(state, cut, [completions[i] for i in indices], keys)
+        transition = self.kernel.transition(state, cut, completions, keys)
         self.state = transition.state
         accept_probability = math.exp(min(0.0, transition.log_ratio))
         eps = self.config.certainty_eps
@@ -203,7 +344,7 @@ class Chain:
         self.predictor.observe(cut / event.horizon, accept_probability)
         if self.edges is not None:
             self.edges.append(EdgeRecord(event.step, cut, event.horizon, transition.log_ratio, transition.accepted))
-        return indices
+        return request_keys
 
     def _finish_event(self, event: Event) -> None:
         self.event_index += 1

@@ -71,6 +71,8 @@ def cmd_sample(args: argparse.Namespace) -> int:
         return _fail(str(e))
 
     if args.ray:
+        if config.sampler.schedule != "rounds":
+            return _fail("sampler.schedule: 'streaming' runs in-process only so far; `sample --ray` needs 'rounds'")
         return _sample_on_ray(args, items, config)
     if args.address:
         return _fail("--address needs --ray")
@@ -145,15 +147,26 @@ def cmd_model(args: argparse.Namespace) -> int:
     return 0
 
 
+def _budgets(text: str) -> tuple[int, ...]:
+    try:
+        budgets = tuple(int(b) for b in text.split(","))
+    except ValueError:
+        raise _BadInput(f"--budgets: expected comma-separated integers, got {text!r}") from None
+    if any(b < 1 for b in budgets):
+        raise _BadInput("--budgets: every budget must be at least 1")
+    return budgets
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
+    if args.virtual_clock:
+        return _bench_virtual_clock(args)
     from bench.toy import format_report, run_toy_bench
 
+    args.out = args.out or "bench/results/toy.json"
     try:
-        budgets = tuple(int(b) for b in args.budgets.split(","))
-    except ValueError:
-        return _fail(f"--budgets: expected comma-separated integers, got {args.budgets!r}")
-    if any(b < 1 for b in budgets):
-        return _fail("--budgets: every budget must be at least 1")
+        budgets = _budgets(args.budgets or "8,10,12,16,20")
+    except _BadInput as e:
+        return _fail(str(e))
     report = run_toy_bench(
         budgets=budgets,
         num_chains=args.chains,
@@ -164,6 +177,20 @@ def cmd_bench(args: argparse.Namespace) -> int:
     )
     print(format_report(report))
     print(f"wrote {args.out}")
+    return 0
+
+
+def _bench_virtual_clock(args: argparse.Namespace) -> int:
+    from bench.virtual_clock import format_report, run_virtual_clock_bench
+
+    out = args.out or "bench/results/virtual_clock.json"
+    try:
+        budgets = _budgets(args.budgets or "8,20")
+    except _BadInput as e:
+        return _fail(str(e))
+    rows = run_virtual_clock_bench(budgets=budgets, out_json=out, progress=lambda msg: print(msg, file=sys.stderr))
+    print(format_report(rows))
+    print(f"wrote {out}")
     return 0
 
 
@@ -212,6 +239,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         config = _load_job_config(args)
     except _BadInput as e:
         return _fail(str(e))
+    if config.sampler.schedule != "rounds":
+        return _fail("sampler.schedule: 'streaming' runs in-process only so far; `serve` needs 'rounds'")
     try:
         from deployments.serve_app import run_service
     except ImportError as e:
@@ -243,12 +272,16 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--force", action="store_true", help="convert again even if prepared")
     m.set_defaults(func=cmd_model)
 
-    b = sub.add_parser("bench", help="serial vs bfs vs predictive on the toy engine")
-    b.add_argument("--budgets", default="8,10,12,16,20")
+    b = sub.add_parser("bench", help="serial vs bfs vs predictive on the toy engine (--virtual-clock: rounds vs streaming)")
+    b.add_argument("--budgets", default=None, help="prefetch budgets (default 8,10,12,16,20; --virtual-clock: 8,20)")
     b.add_argument("--chains", type=int, default=8)
     b.add_argument("--mh-steps", type=int, default=100)
     b.add_argument("--block-size", type=int, default=64)
-    b.add_argument("--out", default="bench/results/toy.json")
+    b.add_argument("--out", default=None, help="JSON output (default bench/results/toy.json or virtual_clock.json)")
+    b.add_argument(
+        "--virtual-clock", action="store_true",
+        help="serial vs rounds vs streaming in decode steps on the toy's continuous-batching clock (a JSON list of rows)",
+    )
     b.set_defaults(func=cmd_bench)
 
     r = sub.add_parser("bench-real", help="serial vs bfs vs predictive on vLLM with the real model")

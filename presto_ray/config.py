@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 Traversal = Literal["serial", "bfs", "predictive"]
+ScheduleKind = Literal["rounds", "streaming"]
 SamplerKind = Literal["power_mh", "entropy_cut", "multi_try"]
 
 MAX_PREFETCH_BUDGET = 4096
@@ -31,6 +32,11 @@ class SamplerConfig(BaseModel):
     )
     traversal: Traversal = Field(
         "predictive", description="'serial' (one request a round), 'bfs' or 'predictive' prefetching."
+    )
+    schedule: ScheduleKind = Field(
+        "rounds",
+        description="'rounds' (plan, wait for the whole round, walk) or 'streaming' (keep up to prefetch_budget "
+        "requests running, walk each completion as it lands, fork, abort dead branches); same samples either way.",
     )
     sampler: SamplerKind = Field(
         "power_mh", description="'power_mh' (uniform cut), 'entropy_cut' or 'multi_try' (MultiTryMH)."

@@ -1,4 +1,5 @@
-"""In-process drivers: one chain (`sample`) or many chains sharing each engine call (`sample_many`)."""
+"""In-process drivers: one chain (`sample`) or many chains sharing each engine call (`sample_many`),
+in rounds or streaming (`SamplerConfig.schedule`)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from presto_ray.config import SamplerConfig
 from presto_ray.engines.base import CallAccounting, Engine
 from presto_ray.kernels import PowerMHKernel
 from presto_ray.results import SampleResult
+from presto_ray.streaming import run_streaming
 
 
 def sample_many(
@@ -28,6 +30,11 @@ def sample_many(
     """
     if len(prompts) != len(configs):
         raise ValueError("one config per prompt")
+    schedules = {c.schedule for c in configs}
+    if schedules == {"streaming"}:
+        return _sample_streaming(engine, prompts, configs, kernel_factory, on_result)
+    if len(schedules) > 1:
+        raise ValueError("one schedule per call: the chains of a call share either rounds or a stream")
     limit = max_active_chains or len(prompts)
     pending = list(range(len(prompts)))[::-1]
     active: list[tuple[int, Chain, float]] = []  # (input index, chain, start time)
@@ -66,6 +73,27 @@ def sample_many(
     return results, total
 
 
+def _sample_streaming(
+    engine: Engine, prompts, configs, kernel_factory, on_result
+) -> tuple[list[SampleResult], CallAccounting]:
+    """Every chain streams on the engine's streaming form (ALGORITHM.md section 4b)."""
+    stream = engine.streaming()
+    started = time.perf_counter()
+    chains = [
+        Chain(p, c, engine.eos_token_id, kernel=kernel_factory(c) if kernel_factory else None)
+        for p, c in zip(prompts, configs)
+    ]
+    results: list[SampleResult | None] = [None] * len(chains)
+
+    def finished(i: int) -> None:
+        results[i] = chains[i].result(time.perf_counter() - started)
+        if on_result:
+            on_result(i, results[i])
+
+    run_streaming(stream, chains, finished)
+    return results, stream.accounting()
+
+
 def sample(
     engine: Engine,
     prompt_token_ids: Sequence[int],
@@ -80,6 +108,10 @@ def sample(
 
 def run_chain(engine: Engine, chain: Chain) -> CallAccounting:
     """Drive one already-built chain to the end (tests use it to inspect the chain afterwards)."""
+    if chain.config.schedule == "streaming":
+        stream = engine.streaming()
+        run_streaming(stream, [chain])
+        return stream.accounting()
     total = CallAccounting()
     while not chain.done:
         output = engine.generate(chain.plan())

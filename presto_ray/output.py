@@ -95,7 +95,7 @@ def write_parquet_atomic(rows: list[dict], path: str | Path, schema: pa.Schema =
         pq.write_table(table, tmp)
 
 
-def write_json_atomic(data: dict, path: str | Path) -> None:
+def write_json_atomic(data: dict | list, path: str | Path) -> None:
     with atomic_path(path) as tmp:
         tmp.write_text(json.dumps(data, indent=2) + "\n")
 

@@ -1,9 +1,13 @@
 """Building the planning DAG of a prefetch round (ALGORITHM.md section 4).
 
 Tree nodes that share the facts that decide their future requests are merged into one class:
-(known_prefix: how many leading tokens are certainly the root's, length: the state's length, exact
-or guessed, whole_known: the state is exactly the root's). Below an accept edge with cut c the
-known prefix shrinks to c (Condition 1); a step whose cut lies beyond it is deferred.
+(known: the leading tokens the state certainly holds, length: the state's length, exact or
+guessed, whole_known: the state is exactly `known`). Below an accept edge with cut c the known
+part shrinks to the first c tokens (Condition 1), then grows by whatever the accepted proposal
+has generated so far: nothing in rounds, its finished tokens or a prefix of them when streaming
+(ALGORITHM.md section 4b). A step whose cut lies beyond the known part is deferred; when the
+part it waits for is a proposal still being generated, the tree records a fork point: how many
+of that proposal's tokens the step needs.
 
 Lengths: in fixed-length mode every length is exact. In EOS-aware mode the length of a state
 below an accepted proposal is unknown until the proposal exists; the planner guesses that a
@@ -22,15 +26,28 @@ from presto_ray.selection import PlanNode
 
 RequestKey = tuple[int, tuple[int, ...]]  # (event index, prefix tokens)
 
+# What is known of a request's proposal: (its tokens so far, whether it has ended); None: nothing.
+ProposalKnowledge = Callable[[RequestKey], "tuple[tuple[int, ...], bool] | None"]
+
 # Deeper than this a round never plans: reach probabilities are negligible long before.
 MAX_PLAN_DEPTH = 256
 
 
 @dataclass(frozen=True)
 class _Facts:
-    known_prefix: int
+    known: tuple[int, ...]
     length: int
     whole_known: bool
+    source: RequestKey | None = None  # the unfinished proposal that `known` ends with
+    source_start: int = 0  # where that proposal's tokens begin in `known`
+
+
+@dataclass
+class PlanTree:
+    root: PlanNode
+    keys: set[RequestKey]  # every key some node of the tree needs
+    fork_points: dict[RequestKey, int]  # unfinished proposal -> its token count that unlocks a deferred step
+    forks: set[RequestKey]  # keys whose prefix holds tokens of a proposal still being generated
 
 
 def build_plan_tree(
@@ -45,15 +62,33 @@ def build_plan_tree(
     accept_branch_probability: Callable[[float], float],
     max_keyed_depth: int,
     requests_per_step: int = 1,
-) -> PlanNode:
+    proposal: ProposalKnowledge | None = None,
+) -> PlanTree:
     """The DAG of future events from the realized state `tokens` at event `event_index`.
 
     `cut_for(step, length)` is the cut of MH step `step` for a state of `length` tokens whose
-    known part is the root's (None when it cannot be told now).
+    known part is the root's (None when it cannot be told now). `proposal(key)` tells what is
+    known of a request's proposal (streaming); without it nothing below an accept edge is.
     """
-    ends_with_eos = (not fixed_length) and eos_token_id is not None and bool(tokens) and tokens[-1] == eos_token_id
+
+    def ends_with_eos(facts: _Facts) -> bool:
+        known = facts.known
+        return facts.whole_known and not fixed_length and eos_token_id is not None and bool(known) and known[-1] == eos_token_id
+
+    def accepted(facts: _Facts, key: RequestKey, cut: int, guessed_length: int) -> _Facts:
+        """The state after `key`'s proposal replaced everything from `cut` on."""
+        info = proposal(key) if proposal is not None else None
+        generated, ended = info if info is not None else ((), False)
+        known = facts.known[:cut] + generated
+        if ended:
+            return _Facts(known, len(known), True)
+        if info is None:
+            return _Facts(known, guessed_length, False)
+        return _Facts(known, guessed_length, False, source=key, source_start=cut)
+
     root = PlanNode(depth=0)
-    level: dict[_Facts, PlanNode] = {_Facts(len(tokens), len(tokens), True): root}
+    tree = PlanTree(root, set(), {}, set())
+    level: dict[_Facts, PlanNode] = {_Facts(tuple(tokens), len(tokens), True): root}
     keyed_depths = 0
     max_depth = min(MAX_PLAN_DEPTH, schedule.num_events - event_index)
     for depth in range(max_depth):
@@ -66,27 +101,33 @@ def build_plan_tree(
             if event.is_extension:
                 if not facts.whole_known:
                     continue  # the whole state is the prefix: unknown below a generation
-                if facts.length >= event.horizon or ends_with_eos:
+                if facts.length >= event.horizon or ends_with_eos(facts):
                     node.free, node.value = True, 0.0
                     branches = [(facts, 1.0)]
                 else:
-                    node.key = (event.index, tokens[: facts.length])
-                    branches = [(_Facts(facts.length, event.horizon, False), 1.0)]
+                    node.key = (event.index, facts.known)
+                    branches = [(accepted(facts, node.key, facts.length, event.horizon), 1.0)]
             else:
                 cut = cut_for(event.step, facts.length)
-                if cut is None or cut > facts.known_prefix:
+                if cut is None or cut > len(facts.known):
+                    if cut is not None and facts.source is not None:  # a fork once the source has these tokens
+                        needed = cut - facts.source_start
+                        tree.fork_points[facts.source] = min(needed, tree.fork_points.get(facts.source, needed))
                     continue  # deferred: its prefix holds tokens not generated yet
-                node.key = (event.index, tokens[:cut])
+                node.key = (event.index, facts.known[:cut])
                 node.cost = requests_per_step
+                if facts.source is not None and cut > facts.source_start:
+                    tree.forks.add(node.key)
                 h_accept = accept_branch_probability(cut / event.horizon)
-                accepted = _Facts(min(facts.known_prefix, cut), facts.length, False)
-                branches = [(accepted, h_accept), (facts, 1.0 - h_accept)]
+                # guess: an unfinished proposal ends where the state it replaces ended
+                branches = [(accepted(facts, node.key, cut, facts.length), h_accept), (facts, 1.0 - h_accept)]
+            if node.key is not None:
+                tree.keys.add(node.key)
             any_keyed |= node.key is not None
             if depth + 1 >= max_depth:
                 continue
             for child_facts, probability in branches:
-                finished = event.ends_block and stop_at_eos and child_facts.whole_known and ends_with_eos
-                if finished:
+                if event.ends_block and stop_at_eos and ends_with_eos(child_facts):
                     continue
                 child = following.get(child_facts)
                 if child is None:
@@ -94,4 +135,4 @@ def build_plan_tree(
                 node.children.append((child, probability))
         keyed_depths += any_keyed
         level = following
-    return root
+    return tree

@@ -13,12 +13,14 @@ class SampleStats:
     over chains; what engine calls cost in total (calls are shared by chains) is a CallAccounting.
     """
 
-    model_calls: int = 0  # rounds: engine calls this chain waited on
+    model_calls: int = 0  # rounds: engine calls this chain waited on; streaming: batches of requests it started
     transitions: int = 0  # MH steps completed
     accepted: int = 0
     extensions: int = 0  # block extensions that needed a request
     requests: int = 0  # distinct proposal requests issued
     requests_used: int = 0  # requests whose completion the walk consumed
+    aborted_requests: int = 0  # streaming: running requests the walk made useless (aborted)
+    forked_requests: int = 0  # streaming: requests started from a proposal still being generated
     generated_tokens: int = 0  # tokens generated across all issued requests
     certain_edges: int = 0  # MH edges with A <= eps or A >= 1 - eps
     prompt_tokens: int = 0  # prompt + prefix tokens of every issued request

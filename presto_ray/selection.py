@@ -64,10 +64,27 @@ def expected_completed(root: PlanNode, keys: Iterable[Hashable]) -> float:
     return total
 
 
-def select_breadth_first(root: PlanNode, budget: int) -> list[Hashable]:
-    """Keys in breadth-first order over the nodes reachable through issued keys (costs <= budget)."""
+def reach_probabilities(root: PlanNode, keys: Iterable[Hashable]) -> dict[Hashable, float]:
+    """For each of `keys`, the probability that the walk reaches a node needing it, when all of
+    `keys` are generated (the chance a request is used: its priority when streaming)."""
+    chosen = set(keys)
+    reach: dict[Hashable, float] = defaultdict(float)
+    alive: dict[PlanNode, float] = {root: 1.0}
+    while alive:
+        for node, mass in alive.items():
+            if node.key in chosen:
+                reach[node.key] += mass
+        _, alive = _propagate(alive, chosen)
+    return {key: min(1.0, reach[key]) for key in chosen}
+
+
+def select_breadth_first(root: PlanNode, budget: int, issued: Iterable[Hashable] = ()) -> list[Hashable]:
+    """New keys in breadth-first order over the nodes reachable through issued keys (costs <= budget).
+
+    `issued`: keys already generated or running; they pass through for free and are not returned.
+    """
     chosen: list[Hashable] = []
-    chosen_set: set = set()
+    chosen_set: set = set(issued)
     spent = 0
     frontier = [root]
     while frontier:
@@ -99,10 +116,13 @@ def _max_node_value(root: PlanNode) -> float:
     return best
 
 
-def select_max_expected(root: PlanNode, budget: int, cost_per_request: float = 0.0) -> list[Hashable]:
-    """Keys maximising expected completed events minus `cost_per_request` per request, within budget.
+def select_max_expected(
+    root: PlanNode, budget: int, cost_per_request: float = 0.0, issued: Iterable[Hashable] = ()
+) -> list[Hashable]:
+    """New keys maximising expected completed events minus `cost_per_request` per request, within budget.
 
-    Budget and cost count requests: a key costs its node's `cost`.
+    Budget and cost count requests: a key costs its node's `cost`. `issued`: keys already
+    generated or running; they count as chosen for free and are not returned.
 
     Exact: a depth-first search over, for each depth, which of the keys alive there to issue
     (every completed node needs its whole path issued, so choices only ever extend the alive
@@ -140,5 +160,5 @@ def select_max_expected(root: PlanNode, budget: int, cost_per_request: float = 0
                 gain, reached = _propagate(alive, extended)
                 search(reached, chosen + list(subset), extended, score + gain - cost_per_request * cost, left - cost)
 
-    search({root: 1.0}, [], set(), 0.0, budget)
+    search({root: 1.0}, [], set(issued), 0.0, budget)
     return best

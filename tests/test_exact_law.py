@@ -71,13 +71,13 @@ def _exact(engine, case, naive_mtm=False, **kwargs):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(CASES))
-@pytest.mark.parametrize("traversal", ["serial", "predictive"])
-def test_sampler_matches_exact_law(name, traversal):
+@pytest.mark.parametrize("traversal, schedule", [("serial", "rounds"), ("predictive", "rounds"), ("predictive", "streaming")])
+def test_sampler_matches_exact_law(name, traversal, schedule):
     engine = _engine()
     exact = _exact(engine, CASES[name])
-    counts = _empirical(engine, CASES[name], traversal)
+    counts = _empirical(engine, CASES[name], traversal, schedule=schedule)
     p = chi_square_pvalue(exact, counts, NUM_CHAINS)
-    assert p > 1e-3, f"{name}/{traversal}: chi-square p = {p:.2e}"
+    assert p > 1e-3, f"{name}/{traversal}/{schedule}: chi-square p = {p:.2e}"
 
 
 @pytest.mark.slow
@@ -106,13 +106,19 @@ VARIANTS = {
 MTM_CHAINS = 4000
 
 
+# streaming on the two cheaper cases (MultiTryMH on eos-2blocks takes minutes per schedule)
+VARIANT_RUNS = [(name, "rounds") for name in ("eos-1block", "eos-2blocks", "fixed-1block")] + [
+    (name, "streaming") for name in ("eos-1block", "fixed-1block")
+]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("variant", list(VARIANTS))
-@pytest.mark.parametrize("name", ["eos-1block", "eos-2blocks", "fixed-1block"])
-def test_variants_match_their_exact_law(variant, name):
+@pytest.mark.parametrize("name, schedule", VARIANT_RUNS)
+def test_variants_match_their_exact_law(variant, name, schedule):
     engine = _engine()
     exact = _exact(engine, CASES[name], **VARIANTS[variant])
-    counts = _empirical(engine, CASES[name], "predictive", num_chains=MTM_CHAINS, **VARIANTS[variant])
+    counts = _empirical(engine, CASES[name], "predictive", num_chains=MTM_CHAINS, schedule=schedule, **VARIANTS[variant])
     p = chi_square_pvalue(exact, counts, MTM_CHAINS)
     assert p > 1e-3, f"{variant}/{name}: chi-square p = {p:.2e}"
 

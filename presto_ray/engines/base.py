@@ -114,3 +114,8 @@ class Engine(Protocol):
     def shutdown(self) -> None:
         """Free the engine's processes and memory; idempotent."""
         ...
+
+    def streaming(self):
+        """This engine's per-request form for the streaming schedule (presto_ray.streaming's
+        StreamingEngine); engines that cannot stream yet raise NotImplementedError saying so."""
+        ...

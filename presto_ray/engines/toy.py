@@ -13,11 +13,14 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import replace
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
 from presto_ray.engines.base import CallAccounting, Completion, EngineOutput, ProposalRequest
+
+if TYPE_CHECKING:
+    from presto_ray.engines.virtual_clock import VirtualClockEngine
 
 _HASH_MULT = 1_000_003
 _HASH_MOD = (1 << 61) - 1
@@ -147,6 +150,13 @@ class ToyEngine:
 
     def shutdown(self) -> None:
         """Nothing to free: the toy holds only numpy tables."""
+
+    def streaming(self, **clock) -> "VirtualClockEngine":
+        """This model on a continuous-batching device in virtual time (per-request submission,
+        partial tokens, abort, priority); `clock`: VirtualClockEngine's cost settings."""
+        from presto_ray.engines.virtual_clock import VirtualClockEngine
+
+        return VirtualClockEngine(self, **clock)
 
     def _generate(self, requests: Sequence[ProposalRequest]) -> EngineOutput:
         start = time.perf_counter()

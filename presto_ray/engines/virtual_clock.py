@@ -82,10 +82,16 @@ class VirtualClockEngine:
         self._running: dict[int, _Sequence] = {}
         self._waiting: list[tuple[float, int, _Sequence]] = []  # heap by (priority, arrival)
         self._finished: list[EngineEvent] = []  # ended at submission (no tokens to generate)
+        self._calls = 0
+        self._submitted = CallAccounting()  # requests and prompt tokens (streaming makes no calls)
 
     # --- streaming -------------------------------------------------------------------------
     def submit(self, request: ProposalRequest, priority: float = 0.0) -> int:
-        completion = self.toy.generate([request]).completions[0]
+        output = self.toy.generate([request])
+        completion = output.completions[0]
+        self._submitted.num_requests += 1
+        self._submitted.prompt_tokens += output.accounting.prompt_tokens
+        self._submitted.cached_prompt_tokens += output.accounting.cached_prompt_tokens
         seq = _Sequence(next(self._handles), request, completion, priority)
         if seq.remaining == 0:
             self._finished.append(EngineEvent(seq.handle, 0, completion))
@@ -119,6 +125,10 @@ class VirtualClockEngine:
         self.clock.wasted_tokens += seq.generated
         self._admit()
 
+    def live_handles(self) -> set[int]:
+        """Requests running or waiting (aborted and finished ones are gone)."""
+        return set(self._running) | {entry[2].handle for entry in self._waiting}
+
     @property
     def busy(self) -> bool:
         return bool(self._running or self._waiting or self._finished)
@@ -148,8 +158,22 @@ class VirtualClockEngine:
         self._admit()
         return events
 
+    def streaming(self) -> "VirtualClockEngine":
+        return self
+
+    def accounting(self) -> CallAccounting:
+        """Requests submitted and tokens decoded so far (`calls` counts `generate` calls only)."""
+        return CallAccounting(
+            calls=self._calls,
+            num_requests=self._submitted.num_requests,
+            prompt_tokens=self._submitted.prompt_tokens,
+            cached_prompt_tokens=self._submitted.cached_prompt_tokens,
+            generated_tokens=self.clock.generated_tokens,
+        )
+
     # --- the batch protocol (rounds and the serial chain) -----------------------------------
     def generate(self, requests: Sequence[ProposalRequest]) -> EngineOutput:
+        self._calls += 1
         handles = [self.submit(r) for r in requests]
         done: dict[int, Completion] = {}
         while len(done) < len(handles):

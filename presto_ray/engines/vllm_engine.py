@@ -260,6 +260,12 @@ class VLLMEngine:
             tokens, logp0, logq, "stop" if ended else "length", int(out.num_cached_tokens or 0), entropy
         )
 
+    def streaming(self):
+        raise NotImplementedError(
+            "schedule 'streaming' needs per-request submission with partial tokens and abort, which the "
+            "vLLM engine does not offer yet; use schedule 'rounds'"
+        )
+
     # --- lifecycle -------------------------------------------------------------------------
     def shutdown(self) -> None:
         if getattr(self, "_llm", None) is not None:

@@ -1,0 +1,116 @@
+"""Serial vs rounds vs streaming in virtual time: decode steps on the toy's continuous-batching clock.
+
+Each chain runs alone on a GPU-like device (every decode step costs 1 whatever the batch, b = 0;
+no limit on running sequences), so the figures are latencies in decode steps: exact and free of
+machine noise. A request costs its generated tokens in steps once its prefix exists; rounds wait
+for their slowest request; streaming walks each completion as it lands, forks from partial
+proposals and aborts dead branches (ALGORITHM.md section 4b). Plain decoding of the horizon costs
+T steps, so `latency_vs_plain` = decode steps / T.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from bench.table import Columns, format_table
+from presto_ray.chain import Chain
+from presto_ray.config import SamplerConfig
+from presto_ray.driver import run_chain
+from presto_ray.engines import ToyEngineSpec
+from presto_ray.output import write_json_atomic
+
+HORIZON = 96
+# Peaked like an LLM (most MH edges certain). Fixed length: EOS is an ordinary token. With EOS,
+# eos_bias -2 ends about a third of the serial samples before the horizon (measured: 2 of 6).
+ENGINES = {
+    True: ToyEngineSpec(vocab_size=64, logit_scale=4.0, eos_bias=-3.0),
+    False: ToyEngineSpec(vocab_size=64, logit_scale=4.0, eos_bias=-2.0),
+}
+
+CLOCK = "virtual decode steps: step cost 1, batch free (b = 0), unlimited running sequences"
+
+COLUMNS: Columns = [
+    ("schedule", "schedule", "{}"),
+    ("fixed_length", "fixed", "{}"),
+    ("mh_steps", "K", "{}"),
+    ("prefetch_budget", "budget", "{}"),
+    ("decode_steps", "steps/sample", "{:.0f}"),
+    ("speedup_vs_serial", "speedup", "{:.2f}x"),
+    ("latency_vs_plain", "x plain", "{:.2f}"),
+    ("tokens_vs_serial", "tokens vs serial", "{:.2f}"),
+    ("forked_requests", "forks/sample", "{:.1f}"),
+    ("aborted_requests", "aborts/sample", "{:.1f}"),
+    ("mean_length", "length", "{:.1f}"),
+    ("same_as_serial", "same as serial", "{}"),
+]
+
+
+def _run(spec: ToyEngineSpec, config: SamplerConfig, prompt: list[int]) -> tuple[Chain, object]:
+    engine = spec.build().streaming()  # step_cost 1, b = 0, unlimited: a GPU whose batch is free
+    chain = Chain(prompt, config, engine.eos_token_id)
+    run_chain(engine, chain)
+    return chain, engine.clock
+
+
+def _row(schedule: str, config: SamplerConfig, runs: list, serial: list) -> dict:
+    n = len(runs)
+    steps = sum(clock.decode_steps for _, clock in runs) / n
+    tokens = sum(clock.generated_tokens for _, clock in runs) / n
+    serial_steps = sum(clock.decode_steps for _, clock in serial) / n
+    serial_tokens = sum(clock.generated_tokens for _, clock in serial) / n
+    return {
+        "schedule": schedule,
+        "prefetch_budget": 1 if schedule == "serial" else config.prefetch_budget,
+        "mh_steps": config.mh_steps,
+        "horizon": config.horizon,
+        "fixed_length": config.fixed_length,
+        "chains": n,
+        "decode_steps": steps,
+        "serial_decode_steps": serial_steps,
+        "generated_tokens": tokens,
+        "serial_generated_tokens": serial_tokens,
+        "wasted_tokens": sum(clock.wasted_tokens for _, clock in runs) / n,
+        "speedup_vs_serial": serial_steps / steps,
+        "latency_vs_plain": steps / config.horizon,
+        "tokens_vs_serial": tokens / serial_tokens,
+        "forked_requests": sum(c.stats.forked_requests for c, _ in runs) / n,
+        "aborted_requests": sum(c.stats.aborted_requests for c, _ in runs) / n,
+        "mean_length": sum(len(c.output_token_ids) for c, _ in runs) / n,
+        "acceptance_rate": sum(c.stats.accepted for c, _ in runs) / max(1, sum(c.stats.transitions for c, _ in runs)),
+        "clock": CLOCK,
+        "same_as_serial": all(c.output_token_ids == s.output_token_ids for (c, _), (s, _) in zip(runs, serial)),
+    }
+
+
+def run_virtual_clock_bench(
+    *,
+    budgets=(8, 20),
+    mh_steps=(10, 24, 100),
+    chains: int = 6,
+    out_json: str | Path | None = None,
+    progress: Callable[[str], None] = print,
+) -> list[dict]:
+    rows = []
+    for fixed_length in (True, False):
+        spec = ENGINES[fixed_length]
+        for k in mh_steps:
+            base = SamplerConfig(block_size=HORIZON, mh_steps=k, fixed_length=fixed_length, traversal="predictive")
+            prompts = [[5, 6, 7 + c] for c in range(chains)]
+            configs = [base.model_copy(update={"seed": c}) for c in range(chains)]
+            serial = [_run(spec, c.model_copy(update={"traversal": "serial"}), p) for c, p in zip(configs, prompts)]
+            rows.append(_row("serial", base, serial, serial) | {"engine": spec.model_dump()})
+            for budget in budgets:
+                for schedule in ("rounds", "streaming"):
+                    update = {"prefetch_budget": budget, "schedule": schedule}
+                    runs = [_run(spec, c.model_copy(update=update), p) for c, p in zip(configs, prompts)]
+                    rows.append(_row(schedule, base.model_copy(update=update), runs, serial) | {"engine": spec.model_dump()})
+                    r = rows[-1]
+                    progress(f"fixed={fixed_length} K={k} N={budget} {schedule}: {r['speedup_vs_serial']:.2f}x, tokens {r['tokens_vs_serial']:.2f}")
+    if out_json:
+        write_json_atomic(rows, out_json)
+    return rows
+
+
+def format_report(rows: list[dict]) -> str:
+    return format_table(rows, COLUMNS)

@@ -1,0 +1,132 @@
+"""The streaming schedule changes when requests run, never the trajectory: streaming == serial,
+step for step; forks and aborts happen; an aborted request leaves nothing running."""
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from presto_ray import SamplerConfig
+from presto_ray.chain import Chain
+from presto_ray.driver import run_chain, sample, sample_many
+from presto_ray.engines import ToyEngineSpec
+from presto_ray.engines.toy import ToyEngine
+from presto_ray.streaming import run_streaming
+
+configs = st.fixed_dictionaries(
+    {
+        "alpha": st.sampled_from([1.0, 2.0, 4.0]),
+        "block_size": st.integers(1, 12),
+        "num_blocks": st.integers(1, 3),
+        "mh_steps": st.integers(0, 12),
+        "prefetch_budget": st.integers(4, 24),
+        "seed": st.integers(0, 2**40),
+        "fixed_length": st.booleans(),
+        "stop_at_eos": st.booleans(),
+        "min_expected_gain": st.sampled_from([0.0, 0.05, 0.3]),
+        "sampler": st.sampled_from(["power_mh", "power_mh", "entropy_cut", "multi_try"]),
+        "num_tries": st.integers(2, 4),
+        "traversal": st.sampled_from(["bfs", "predictive"]),
+    }
+)
+engines = st.fixed_dictionaries(
+    {
+        "vocab_size": st.integers(2, 12),
+        "eos_token_id": st.one_of(st.none(), st.just(0)),
+        "seed": st.integers(0, 1000),
+        "logit_scale": st.sampled_from([0.5, 1.0, 4.0]),
+        "eos_bias": st.sampled_from([-2.0, 0.0, 1.0]),
+    }
+)
+
+
+def _chain(engine, prompt, config) -> Chain:
+    chain = Chain(prompt, config, engine.eos_token_id, record_edges=True)
+    run_chain(engine, chain)
+    return chain
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(configs, engines, st.lists(st.integers(1, 11), max_size=4))
+def test_streaming_walks_the_serial_chain(config_kwargs, engine_kwargs, prompt):
+    engine = ToyEngine(**engine_kwargs)
+    prompt = [t % engine_kwargs["vocab_size"] for t in prompt]
+    config = SamplerConfig(**config_kwargs)
+    serial = _chain(engine, prompt, config.model_copy(update={"traversal": "serial"}))
+    rounds = _chain(engine, prompt, config)
+    streaming = _chain(engine, prompt, config.model_copy(update={"schedule": "streaming"}))
+    for chain in (rounds, streaming):
+        assert chain.state.tokens == serial.state.tokens
+        np.testing.assert_array_equal(chain.state.logp0, serial.state.logp0)
+        assert chain.edges == serial.edges  # same cuts, same ratios, same decisions, step for step
+        assert chain.stats.requests_used == serial.stats.requests_used  # the same proposals, fetched early
+    assert streaming.running_requests == 0
+
+
+@pytest.mark.parametrize("fixed_length", [True, False])
+def test_serial_streaming_is_the_serial_chain_on_the_clock(fixed_length):
+    """traversal 'serial' streams one request at a time: the same decode steps as serial rounds."""
+    toy = ToyEngine(vocab_size=32, logit_scale=4.0, eos_bias=-1.0, seed=2)
+    config = SamplerConfig(block_size=16, mh_steps=8, seed=4, fixed_length=fixed_length, traversal="serial")
+    clocks = {}
+    for schedule in ("rounds", "streaming"):
+        engine = toy.streaming()
+        chain = Chain([3, 4], config.model_copy(update={"schedule": schedule}), toy.eos_token_id)
+        run_chain(engine, chain)
+        clocks[schedule] = engine.clock
+        assert chain.stats.forked_requests == 0 and chain.stats.aborted_requests == 0
+    assert clocks["rounds"].decode_steps == clocks["streaming"].decode_steps
+    assert clocks["rounds"].generated_tokens == clocks["streaming"].generated_tokens
+
+
+class RecordingEngine:
+    """A VirtualClockEngine that checks every abort leaves the request out of its scheduler."""
+
+    def __init__(self, engine):
+        self.engine, self.aborted, self.wakes = engine, [], 0
+
+    def __getattr__(self, name):
+        return getattr(self.engine, name)
+
+    @property
+    def busy(self):
+        return self.engine.busy
+
+    def abort(self, handle):
+        self.engine.abort(handle)
+        assert handle not in self.engine.live_handles(), "an aborted request still runs"
+        self.aborted.append(handle)
+
+    def advance(self):
+        events = self.engine.advance()
+        self.wakes += sum(e.completion is None for e in events)
+        return events
+
+
+def test_forks_and_aborts_happen_and_aborted_requests_stop():
+    toy = ToyEngine(vocab_size=64, logit_scale=4.0, eos_bias=-3.0, seed=1)
+    config = SamplerConfig(block_size=48, mh_steps=24, prefetch_budget=12, seed=3, fixed_length=True, schedule="streaming")
+    engine = RecordingEngine(toy.streaming())
+    chain = Chain([5, 6, 7], config, toy.eos_token_id, record_edges=True)
+    run_streaming(engine, [chain])
+    serial = _chain(toy, [5, 6, 7], config.model_copy(update={"traversal": "serial", "schedule": "rounds"}))
+    assert chain.edges == serial.edges
+    # this configuration forks and aborts (counts measured on it; any change of them is a change of behaviour)
+    assert chain.stats.forked_requests > 0 and engine.wakes > 0
+    assert chain.stats.aborted_requests == len(engine.aborted) > 0
+    assert engine.clock.wasted_tokens > 0
+    assert not engine.busy and not engine.live_handles()
+
+
+def test_sample_and_sample_many_stream_on_the_toy():
+    spec = ToyEngineSpec(vocab_size=32, logit_scale=3.0, eos_bias=-1.0)
+    engine = spec.build()
+    configs = [SamplerConfig(block_size=12, num_blocks=2, mh_steps=6, prefetch_budget=6, seed=s) for s in range(4)]
+    prompts = [[4, 5, 6 + s] for s in range(4)]
+    rounds, _ = sample_many(engine, prompts, configs)
+    streamed, accounting = sample_many(engine, prompts, [c.model_copy(update={"schedule": "streaming"}) for c in configs])
+    assert [r.token_ids for r in streamed] == [r.token_ids for r in rounds]
+    assert accounting.num_requests == sum(r.stats.requests for r in streamed)
+    assert sample(engine, prompts[0], configs[0].model_copy(update={"schedule": "streaming"})).token_ids == rounds[0].token_ids
+    with pytest.raises(ValueError, match="one schedule"):
+        sample_many(engine, prompts[:2], [configs[0], configs[1].model_copy(update={"schedule": "streaming"})])

@@ -1,0 +1,66 @@
+"""The toy's continuous-batching device in virtual time: exact decode-step arithmetic, priority,
+abort, fork points."""
+
+import pytest
+
+from presto_ray.engines.base import ProposalRequest
+from presto_ray.engines.toy import ToyEngine
+
+
+def request(tokens: int, seed: int = 0) -> ProposalRequest:
+    return ProposalRequest((1, 2), (), tokens, 1.0, seed, stop_at_eos=False)
+
+
+def drain(engine) -> list:
+    events = []
+    while engine.busy:
+        events += engine.advance()
+    return events
+
+
+def test_decode_steps_and_time_follow_the_cost_model():
+    engine = ToyEngine(vocab_size=8, eos_token_id=None).streaming(step_cost=2.0, step_cost_per_sequence=0.5)
+    engine.submit(request(3))
+    engine.submit(request(5, seed=1))
+    done = [e for e in drain(engine) if e.completion is not None]
+    assert [len(e.completion.token_ids) for e in done] == [3, 5]
+    # 3 steps with two sequences, then 2 with one
+    assert engine.clock.decode_steps == 5 and engine.clock.generated_tokens == 8
+    assert engine.clock.time == pytest.approx(3 * (2.0 + 0.5 * 2) + 2 * (2.0 + 0.5 * 1))
+
+
+def test_completions_are_the_toys_own():
+    toy = ToyEngine(vocab_size=8, eos_token_id=0, eos_bias=0.5)
+    requests = [ProposalRequest((1, 2), (3,), 9, 0.5, seed) for seed in range(5)]
+    assert [c.token_ids for c in toy.streaming().generate(requests).completions] == [
+        c.token_ids for c in toy.generate(requests).completions
+    ]
+
+
+def test_waiting_requests_start_by_priority_and_an_abort_frees_a_slot():
+    engine = ToyEngine(vocab_size=8, eos_token_id=None).streaming(max_running=1)
+    first = engine.submit(request(4), priority=0.5)
+    speculative = engine.submit(request(4, seed=1), priority=0.9)
+    needed = engine.submit(request(2, seed=2), priority=0.0)
+    order = [e.handle for e in drain(engine) if e.completion is not None]
+    assert order == [first, needed, speculative]  # running work is not preempted; the queue is ordered
+
+    engine = ToyEngine(vocab_size=8, eos_token_id=None).streaming(max_running=1)
+    running = engine.submit(request(6))
+    waiting = engine.submit(request(3, seed=1))
+    engine.abort(running)
+    assert engine.live_handles() == {waiting}
+    assert [e.handle for e in drain(engine) if e.completion is not None] == [waiting]
+    assert engine.clock.aborted_requests == 1 and engine.clock.decode_steps == 3
+
+
+def test_a_fork_point_reports_partial_tokens_that_are_final():
+    engine = ToyEngine(vocab_size=8, eos_token_id=None).streaming()
+    handle = engine.submit(request(10))
+    engine.wake_at(handle, 4)
+    event = engine.advance()[0]
+    assert event.completion is None and event.generated == 4
+    partial = engine.partial_tokens(handle)
+    final = drain(engine)[0].completion
+    assert len(partial) == 4 and final.token_ids[:4] == partial
+    assert engine.clock.decode_steps == 10  # waking cost no extra step
