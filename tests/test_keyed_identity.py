@@ -5,42 +5,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from presto_ray import SamplerConfig, sample
-from presto_ray.chain import Chain
-from presto_ray.driver import run_chain
 from presto_ray.engines.toy import ToyEngine
-
-
-def _run(engine, prompt, config):
-    chain = Chain(prompt, config, engine.eos_token_id, record_edges=True)
-    run_chain(engine, chain)
-    return chain
-
-
-configs = st.fixed_dictionaries(
-    {
-        "alpha": st.sampled_from([1.0, 2.0, 4.0]),
-        "block_size": st.integers(1, 12),
-        "num_blocks": st.integers(1, 3),
-        "mh_steps": st.integers(0, 12),
-        "prefetch_budget": st.integers(4, 24),
-        "seed": st.integers(0, 2**40),
-        "fixed_length": st.booleans(),
-        "stop_at_eos": st.booleans(),
-        "refit_every": st.sampled_from([1, 4, 32]),
-        "min_expected_gain": st.sampled_from([0.0, 0.05, 0.3]),
-        "sampler": st.sampled_from(["power_mh", "entropy_cut", "multi_try"]),
-        "num_tries": st.integers(2, 4),
-    }
-)
-engines = st.fixed_dictionaries(
-    {
-        "vocab_size": st.integers(2, 12),
-        "eos_token_id": st.one_of(st.none(), st.just(0)),
-        "seed": st.integers(0, 1000),
-        "logit_scale": st.sampled_from([0.5, 1.0, 4.0]),
-        "eos_bias": st.sampled_from([-2.0, 0.0, 1.0]),
-    }
-)
+from identity_helpers import configs, engines, run_recorded
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -48,7 +14,7 @@ engines = st.fixed_dictionaries(
 def test_every_traversal_walks_the_serial_chain(config_kwargs, engine_kwargs, prompt):
     engine = ToyEngine(**engine_kwargs)
     prompt = [t % engine_kwargs["vocab_size"] for t in prompt]
-    chains = {t: _run(engine, prompt, SamplerConfig(traversal=t, **config_kwargs)) for t in ("serial", "bfs", "predictive")}
+    chains = {t: run_recorded(engine, prompt, SamplerConfig(traversal=t, **config_kwargs)) for t in ("serial", "bfs", "predictive")}
     serial = chains["serial"]
     assert serial.stats.model_calls == serial.stats.transitions + serial.stats.extensions
     for name in ("bfs", "predictive"):
@@ -93,5 +59,5 @@ def test_output_ends_with_eos_and_respects_horizon():
         assert 1 <= len(tokens) <= 10
         assert 0 not in tokens[:-1]  # nothing after EOS leaks out
     fixed = SamplerConfig(block_size=5, num_blocks=2, mh_steps=3, fixed_length=True, seed=1)
-    chain = _run(engine, [1], fixed)
+    chain = run_recorded(engine, [1], fixed)
     assert len(chain.state.tokens) == 10  # fixed-length states always reach the horizon

@@ -12,38 +12,16 @@ from presto_ray.driver import run_chain, sample, sample_many
 from presto_ray.engines import ToyEngineSpec
 from presto_ray.engines.toy import ToyEngine
 from presto_ray.streaming import run_streaming
+from identity_helpers import CONFIG_FIELDS, engines, run_recorded
 
+# every traversal that prefetches, PowerMH (the one that forks) drawn twice as often
 configs = st.fixed_dictionaries(
     {
-        "alpha": st.sampled_from([1.0, 2.0, 4.0]),
-        "block_size": st.integers(1, 12),
-        "num_blocks": st.integers(1, 3),
-        "mh_steps": st.integers(0, 12),
-        "prefetch_budget": st.integers(4, 24),
-        "seed": st.integers(0, 2**40),
-        "fixed_length": st.booleans(),
-        "stop_at_eos": st.booleans(),
-        "min_expected_gain": st.sampled_from([0.0, 0.05, 0.3]),
+        **CONFIG_FIELDS,
         "sampler": st.sampled_from(["power_mh", "power_mh", "entropy_cut", "multi_try"]),
-        "num_tries": st.integers(2, 4),
         "traversal": st.sampled_from(["bfs", "predictive"]),
     }
 )
-engines = st.fixed_dictionaries(
-    {
-        "vocab_size": st.integers(2, 12),
-        "eos_token_id": st.one_of(st.none(), st.just(0)),
-        "seed": st.integers(0, 1000),
-        "logit_scale": st.sampled_from([0.5, 1.0, 4.0]),
-        "eos_bias": st.sampled_from([-2.0, 0.0, 1.0]),
-    }
-)
-
-
-def _chain(engine, prompt, config) -> Chain:
-    chain = Chain(prompt, config, engine.eos_token_id, record_edges=True)
-    run_chain(engine, chain)
-    return chain
 
 
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -52,9 +30,9 @@ def test_streaming_walks_the_serial_chain(config_kwargs, engine_kwargs, prompt):
     engine = ToyEngine(**engine_kwargs)
     prompt = [t % engine_kwargs["vocab_size"] for t in prompt]
     config = SamplerConfig(**config_kwargs)
-    serial = _chain(engine, prompt, config.model_copy(update={"traversal": "serial"}))
-    rounds = _chain(engine, prompt, config)
-    streaming = _chain(engine, prompt, config.model_copy(update={"schedule": "streaming"}))
+    serial = run_recorded(engine, prompt, config.model_copy(update={"traversal": "serial"}))
+    rounds = run_recorded(engine, prompt, config)
+    streaming = run_recorded(engine, prompt, config.model_copy(update={"schedule": "streaming"}))
     for chain in (rounds, streaming):
         assert chain.state.tokens == serial.state.tokens
         np.testing.assert_array_equal(chain.state.logp0, serial.state.logp0)
@@ -109,7 +87,7 @@ def test_forks_and_aborts_happen_and_aborted_requests_stop():
     engine = RecordingEngine(toy.streaming())
     chain = Chain([5, 6, 7], config, toy.eos_token_id, record_edges=True)
     run_streaming(engine, [chain])
-    serial = _chain(toy, [5, 6, 7], config.model_copy(update={"traversal": "serial", "schedule": "rounds"}))
+    serial = run_recorded(toy, [5, 6, 7], config.model_copy(update={"traversal": "serial", "schedule": "rounds"}))
     assert chain.edges == serial.edges
     # this configuration forks and aborts (counts measured on it; any change of them is a change of behaviour)
     assert chain.stats.forked_requests > 0 and engine.wakes > 0
