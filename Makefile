@@ -6,7 +6,7 @@ PYTHON ?= python3
 STAMP := $(VENV)/.installed
 PIP := $(VENV)/bin/pip
 
-.PHONY: install sample test bench bench-real bench-ray clean
+.PHONY: install sample test bench bench-virtual bench-real bench-ray clean
 
 install: $(STAMP)
 
@@ -29,6 +29,9 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(VENV)/bin/presto-ray bench --out bench/results/toy.json
+
+bench-virtual: $(STAMP)
+	$(VENV)/bin/presto-ray bench --virtual-clock --out bench/results/virtual_clock.json
 
 bench-real: $(STAMP)
 	$(VENV)/bin/presto-ray bench-real --out bench/results/vllm_cpu.json

@@ -114,3 +114,76 @@ def run_virtual_clock_bench(
 
 def format_report(rows: list[dict]) -> str:
     return format_table(rows, COLUMNS)
+
+
+# --- load: many chains on one device -------------------------------------------------------------
+DEVICES = {
+    "gpu": {"step_cost": 1.0, "step_cost_per_sequence": 0.0, "max_running": 64},  # batch free up to 64
+    "cpu": {"step_cost": 1.0, "step_cost_per_sequence": 1 / 16, "max_running": None},  # cost doubles at 16
+}
+LOAD_COLUMNS: Columns = [
+    ("device", "device", "{}"),
+    ("chains", "chains", "{}"),
+    ("schedule", "schedule", "{}"),
+    ("transitions_per_kilostep", "trans / 1000 time", "{:.1f}"),
+    ("throughput_vs_serial", "vs serial", "{:.2f}x"),
+    ("mean_latency", "mean latency", "{:.0f}"),
+    ("tokens_vs_serial", "tokens vs serial", "{:.2f}"),
+    ("same_as_serial", "same as serial", "{}"),
+]
+
+
+def _load_run(device: dict, config: SamplerConfig, chains: int) -> dict:
+    from presto_ray.driver import sample_many
+
+    engine = ENGINES[True].build().streaming(**device)
+    finished_at: dict[int, float] = {}
+    results, _ = sample_many(
+        engine,
+        [[5, 6, 1 + c % 60, 1 + c // 60] for c in range(chains)],
+        [config.model_copy(update={"seed": c}) for c in range(chains)],
+        on_result=lambda i, _: finished_at.setdefault(i, engine.clock.time),
+    )
+    return {
+        "time": engine.clock.time,
+        "tokens": engine.clock.generated_tokens,
+        "transitions": sum(r.stats.transitions for r in results),
+        "latency": sum(finished_at.values()) / chains,
+        "samples": [r.token_ids for r in results],
+    }
+
+
+def run_load_bench(
+    *, chain_counts=(1, 8, 64), budget: int = 8, mh_steps: int = 16, horizon: int = 48,
+    out_json: str | Path | None = None, progress: Callable[[str], None] = print,
+) -> list[dict]:
+    """Throughput of serial, rounds and streaming chains sharing one device, in virtual time."""
+    base = SamplerConfig(block_size=horizon, mh_steps=mh_steps, prefetch_budget=budget, fixed_length=True)
+    schedules = {
+        # serial chains streamed: each waits for its own request only, not for the others'
+        "serial": {"traversal": "serial", "schedule": "streaming"},
+        "rounds": {},
+        "streaming": {"schedule": "streaming"},
+    }
+    rows = []
+    for device_name, device in DEVICES.items():
+        for chains in chain_counts:
+            runs = {name: _load_run(device, base.model_copy(update=update), chains) for name, update in schedules.items()}
+            serial = runs["serial"]
+            for name, run in runs.items():
+                rows.append({
+                    "device": device_name, "device_costs": device, "chains": chains, "schedule": name,
+                    "prefetch_budget": 1 if name == "serial" else budget, "mh_steps": mh_steps, "horizon": horizon,
+                    "time": run["time"], "transitions_per_kilostep": 1000 * run["transitions"] / run["time"],
+                    "throughput_vs_serial": serial["time"] / run["time"], "mean_latency": run["latency"],
+                    "generated_tokens": run["tokens"], "tokens_vs_serial": run["tokens"] / serial["tokens"],
+                    "same_as_serial": run["samples"] == serial["samples"], "clock": "virtual time",
+                })  # fmt: skip
+                progress(f"{device_name} chains={chains} {name}: {rows[-1]['throughput_vs_serial']:.2f}x")
+    if out_json:
+        write_json_atomic(rows, out_json)
+    return rows
+
+
+def format_load_report(rows: list[dict]) -> str:
+    return format_table(rows, LOAD_COLUMNS)

@@ -216,14 +216,16 @@ class Chain:
         return report
 
     # --- streaming -----------------------------------------------------------------------
-    def start_requests(self) -> list[StartRequest]:
+    def start_requests(self, budget: int | None = None) -> list[StartRequest]:
         """Requests to start now, needed first: the root's when it is not running, then the most
-        probable ones, while fewer than `prefetch_budget` requests run."""
+        probable ones, while fewer than `budget` requests run (default and cap: `prefetch_budget`;
+        drivers lower it under load, see presto_ray/speculation.py)."""
         if self.done:
             return []
+        budget = self.config.prefetch_budget if budget is None else min(budget, self.config.prefetch_budget)
         tree = self._streaming_tree()
         issued = {key[:2] for key in (*self._running, *self._completed)}
-        keys = self._select(tree, self.config.prefetch_budget - len(self._running), issued)
+        keys = self._select(tree, budget - len(self._running), issued)
         if not keys:
             return []
         reach = reach_probabilities(tree.root, issued | set(keys))

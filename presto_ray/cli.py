@@ -181,16 +181,19 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _bench_virtual_clock(args: argparse.Namespace) -> int:
-    from bench.virtual_clock import format_report, run_virtual_clock_bench
+    from bench.virtual_clock import format_load_report, format_report, run_load_bench, run_virtual_clock_bench
 
     out = args.out or "bench/results/virtual_clock.json"
     try:
         budgets = _budgets(args.budgets or "8,20")
     except _BadInput as e:
         return _fail(str(e))
-    rows = run_virtual_clock_bench(budgets=budgets, out_json=out, progress=lambda msg: print(msg, file=sys.stderr))
+    progress = lambda msg: print(msg, file=sys.stderr)  # noqa: E731
+    rows = run_virtual_clock_bench(budgets=budgets, out_json=out, progress=progress)
     print(format_report(rows))
-    print(f"wrote {out}")
+    load_out = str(Path(out).with_name(Path(out).stem + "_load.json"))
+    print(format_load_report(run_load_bench(out_json=load_out, progress=progress)))
+    print(f"wrote {out} and {load_out}")
     return 0
 
 
@@ -280,7 +283,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--out", default=None, help="JSON output (default bench/results/toy.json or virtual_clock.json)")
     b.add_argument(
         "--virtual-clock", action="store_true",
-        help="serial vs rounds vs streaming in decode steps on the toy's continuous-batching clock (a JSON list of rows)",
+        help="serial vs rounds vs streaming in decode steps on the toy's continuous-batching clock: one chain per "
+        "device (--out, a JSON list of rows) and 1, 8, 64 chains sharing one device (*_load.json)",
     )
     b.set_defaults(func=cmd_bench)
 

@@ -20,6 +20,10 @@ from typing import Hashable, Iterable
 # The exact search enumerates subsets of the distinct keys alive at one depth; the planner makes
 # one or two per depth, so this cap only guards against pathological inputs.
 MAX_KEYS_PER_DEPTH = 10
+# Streaming trees can hold many keys per depth (finished and partial proposals make more states
+# known); the search then stops after this many nodes and keeps the best set found so far. It
+# explores larger subsets of the most probable keys first, so that set is the greedy one or better.
+MAX_SEARCH_NODES = 20_000
 
 
 @dataclass(eq=False)
@@ -127,17 +131,20 @@ def select_max_expected(
     Exact: a depth-first search over, for each depth, which of the keys alive there to issue
     (every completed node needs its whole path issued, so choices only ever extend the alive
     frontier one depth at a time), pruned by the bound "each remaining key completes at most the
-    mass still alive". With one key per depth, as the planner produces, it is linear.
+    mass still alive". With one key per depth, as the rounds planner produces, it is linear; past
+    MAX_SEARCH_NODES nodes it returns the best set found so far.
     """
     best_score = float("-inf")
     best: list[Hashable] = []
     max_value = _max_node_value(root)
+    visited = 0
 
     def search(alive: dict[PlanNode, float], chosen: list, chosen_set: set, score: float, left: int) -> None:
-        nonlocal best_score, best
+        nonlocal best_score, best, visited
+        visited += 1
         if score > best_score + 1e-12:
             best_score, best = score, list(chosen)
-        if left == 0 or not alive:
+        if left == 0 or not alive or visited > MAX_SEARCH_NODES:
             return
         if score + left * sum(alive.values()) * max_value <= best_score + 1e-12:
             return

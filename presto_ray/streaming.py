@@ -1,8 +1,8 @@
 """The streaming schedule's in-process driver: requests start as chains ask, and each completion
 goes to its chain the moment it lands (ALGORITHM.md section 4b).
 
-The loop is plumbing only; every decision (which requests, their priorities, fork points, which
-requests became useless) is the chain's.
+The loop is plumbing only: every decision (which requests, their priorities, fork points, which
+requests became useless) is the chain's, and how many may run is presto_ray/speculation.py's.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from typing import Callable, Protocol, Sequence
 
 from presto_ray.chain import Chain, StreamKey
 from presto_ray.engines.base import Completion, ProposalRequest
+from presto_ray.speculation import streaming_budget
 
 
 class EngineEvent(Protocol):
@@ -23,6 +24,7 @@ class StreamingEngine(Protocol):
     """Per-request submission with completion events, partial tokens, abort and priority."""
 
     busy: bool
+    free_batch: float  # sequences a decode step holds before its cost doubles (inf: unlimited)
 
     def submit(self, request: ProposalRequest, priority: float = 0.0) -> int: ...
 
@@ -40,6 +42,7 @@ def run_streaming(
 ) -> None:
     """Drive every chain to the end; `on_finished(i)` is called as chain i finishes."""
     handles: dict[tuple[int, StreamKey], int] = {}
+    active = [len(chains)]  # chains not finished: they share the device's free batch
     owners: dict[int, tuple[int, StreamKey]] = {}
 
     def pump(i: int) -> None:
@@ -47,10 +50,12 @@ def run_streaming(
         for key in chain.useless_requests():
             engine.abort(handles.pop((i, key)))
         if chain.done:
+            active[0] -= 1
             if on_finished is not None:
                 on_finished(i)
             return
-        for start in chain.start_requests():
+        budget = streaming_budget(chain.config.prefetch_budget, active[0], engine.free_batch)
+        for start in chain.start_requests(budget):
             handle = engine.submit(start.request, start.priority)
             handles[(i, start.key)], owners[handle] = handle, (i, start.key)
         for key, needed in chain.fork_points().items():

@@ -23,6 +23,7 @@ from typing import Sequence
 
 from presto_ray.engines.base import CallAccounting, Completion, EngineOutput, ProposalRequest
 from presto_ray.engines.toy import ToyEngine
+from presto_ray.speculation import free_batch
 
 
 @dataclass
@@ -56,6 +57,7 @@ class ClockStats:
     aborted_requests: int = 0
     wasted_tokens: int = 0  # tokens decoded by requests aborted before they ended
     max_running: int = 0
+    max_live: int = 0  # most requests running or waiting at once
 
 
 class VirtualClockEngine:
@@ -99,6 +101,7 @@ class VirtualClockEngine:
             self._running[seq.handle] = seq
         else:
             heapq.heappush(self._waiting, (priority, next(self._order), seq))
+        self.clock.max_live = max(self.clock.max_live, len(self._running) + len(self._waiting))
         return seq.handle
 
     def wake_at(self, handle: int, generated: int) -> None:
@@ -124,6 +127,11 @@ class VirtualClockEngine:
         self.clock.aborted_requests += 1
         self.clock.wasted_tokens += seq.generated
         self._admit()
+
+    @property
+    def free_batch(self) -> float:
+        """Sequences a decode step holds before its cost doubles, capped by `max_running`."""
+        return free_batch(self.step_cost, self.step_cost_per_sequence, self.max_running)
 
     def live_handles(self) -> set[int]:
         """Requests running or waiting (aborted and finished ones are gone)."""
