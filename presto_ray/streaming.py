@@ -24,7 +24,7 @@ class StreamingEngine(Protocol):
     """Per-request submission with completion events, partial tokens, abort and priority."""
 
     busy: bool
-    free_batch: float  # sequences a decode step holds before its cost doubles (inf: unlimited)
+    free_batch: float  # sequences the device runs before speculation stops paying (inf: unlimited)
 
     def submit(self, request: ProposalRequest, priority: float = 0.0) -> int: ...
 
@@ -48,7 +48,9 @@ def run_streaming(
     def pump(i: int) -> None:
         chain = chains[i]
         for key in chain.useless_requests():
-            engine.abort(handles.pop((i, key)))
+            handle = handles.pop((i, key))
+            del owners[handle]
+            engine.abort(handle)
         if chain.done:
             active[0] -= 1
             if on_finished is not None:
@@ -66,8 +68,8 @@ def run_streaming(
     while engine.busy:
         for event in engine.advance():
             owner = owners.get(event.handle)
-            if owner is None or owner not in handles:
-                continue  # aborted meanwhile
+            if owner is None:
+                continue  # aborted after it ended, within this batch of events
             i, key = owner
             if event.completion is not None:
                 del handles[owner], owners[event.handle]

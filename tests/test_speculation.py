@@ -8,8 +8,8 @@ from presto_ray.engines.toy import ToyEngine
 from presto_ray.speculation import free_batch, streaming_budget
 
 
-def test_free_batch_is_where_a_step_costs_double_capped_by_the_device():
-    assert free_batch(1.0, 1 / 16, None) == 16
+def test_free_batch_is_where_a_step_costs_three_lone_steps_capped_by_the_device():
+    assert free_batch(1.0, 1 / 16, None) == 32
     assert free_batch(1.0, 1 / 16, 8) == 8
     assert free_batch(1.0, 0.0, 64) == 64
     assert math.isinf(free_batch(1.0, 0.0, None))

@@ -33,7 +33,7 @@ class _Sequence:
     completion: Completion
     priority: float
     generated: int = 0
-    wakes: list[int] = field(default_factory=list)  # token counts someone waits for (forks)
+    wakes: set[int] = field(default_factory=set)  # token counts someone waits for (forks)
 
     @property
     def remaining(self) -> int:
@@ -108,7 +108,7 @@ class VirtualClockEngine:
         """Report an event when `handle` has generated `generated` tokens (a fork point)."""
         seq = self._find(handle)
         if seq is not None and seq.generated < generated < len(seq.completion.token_ids):
-            seq.wakes.append(generated)
+            seq.wakes.add(generated)
 
     def partial_tokens(self, handle: int) -> tuple[int, ...]:
         """The tokens `handle` has generated so far (final: a proposal never rewrites them)."""
@@ -130,7 +130,7 @@ class VirtualClockEngine:
 
     @property
     def free_batch(self) -> float:
-        """Sequences a decode step holds before its cost doubles, capped by `max_running`."""
+        """Sequences a decode step holds before it costs three lone steps, capped by `max_running`."""
         return free_batch(self.step_cost, self.step_cost_per_sequence, self.max_running)
 
     def live_handles(self) -> set[int]:
@@ -161,7 +161,7 @@ class VirtualClockEngine:
                 del self._running[seq.handle]
                 events.append(EngineEvent(seq.handle, seq.generated, seq.completion))
             elif seq.generated in seq.wakes:
-                seq.wakes = [w for w in seq.wakes if w > seq.generated]
+                seq.wakes = {w for w in seq.wakes if w > seq.generated}
                 events.append(EngineEvent(seq.handle, seq.generated))
         self._admit()
         return events
