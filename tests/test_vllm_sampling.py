@@ -1,5 +1,7 @@
 """Power sampling on the real engine: vLLM on the CPU with SmolLM2-135M."""
 
+import time
+
 import pytest
 
 from presto_ray import SamplerConfig, sample
@@ -48,3 +50,29 @@ def test_variants_reproduce_their_serial_chain_on_a_real_model(vllm_engine, vari
         assert prefetched.stats.accepted == serial.stats.accepted
         assert prefetched.stats.model_calls < serial.stats.model_calls
     assert serial.stats.requests == 1 + 5 * variant.get("num_tries", 1)
+
+
+def test_streaming_reproduces_the_serial_chain_on_a_real_model(vllm_engine):
+    """Per-request vLLM streams (DELTA outputs, fork wake-ups, abort, priority): the serial samples,
+    and nothing left running in vLLM once the chains are done."""
+    from presto_ray.chain import Chain
+    from presto_ray.streaming import run_streaming
+
+    tok = vllm_engine.tokenizer
+    prompts = [tok.encode("Name three prime numbers."), tok.encode("Give me one tip for learning to cook.")]
+    for fixed_length in (True, False):
+        base = SamplerConfig(block_size=24, mh_steps=8, prefetch_budget=8, seed=3, fixed_length=fixed_length)
+        serial = [sample(vllm_engine, p, base.model_copy(update={"traversal": "serial"})) for p in prompts]
+        chains = [Chain(p, base.model_copy(update={"schedule": "streaming"}), vllm_engine.eos_token_id) for p in prompts]
+        stream = vllm_engine.streaming()
+        run_streaming(stream, chains)
+        assert [c.output_token_ids for c in chains] == [s.token_ids for s in serial], fixed_length
+        assert [c.stats.accepted for c in chains] == [s.stats.accepted for s in serial]
+        assert not stream.busy
+        assert sum(c.stats.forked_requests for c in chains) > 0  # forks happened on the real model
+        # the chains dropped these; those that had not ended yet were aborted in vLLM
+        assert stream.clock.aborted_requests <= sum(c.stats.aborted_requests for c in chains)
+    deadline = time.monotonic() + 30  # aborts reach vLLM's scheduler asynchronously
+    while vllm_engine._llm.get_num_unfinished_requests() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert vllm_engine._llm.get_num_unfinished_requests() == 0

@@ -117,5 +117,5 @@ class Engine(Protocol):
 
     def streaming(self):
         """This engine's per-request form for the streaming schedule (presto_ray.streaming's
-        StreamingEngine); engines that cannot stream yet raise NotImplementedError saying so."""
+        StreamingEngine: submit, completion events, partial tokens at fork points, abort, priority)."""
         ...

@@ -82,6 +82,12 @@ class VLLMEngineConfig(BaseModel):
     max_model_len: int = Field(2048, ge=16, description="Longest prompt + generation.")
     max_num_seqs: int = Field(64, ge=1, description="Most sequences vLLM decodes at once.")
     tensor_parallel_size: int = Field(1, ge=1, description="GPUs one engine spans (device 'gpu').")
+    speculation_batch: int | None = Field(
+        None, ge=1,
+        description="Streaming: sequences the engine runs before speculation stops paying, shared by the chains "
+        "(presto_ray/speculation.py); None: max_num_seqs on GPUs, 30 on CPUs (where a step costs three lone steps, "
+        "from the throughputs measured in ENGINE_NOTES.md).",
+    )
     seed: int = Field(0, description="Engine seed (requests carry their own seeds).")
     cpu_threads_bind: str | None = Field(
         "all", description="VLLM_CPU_OMP_THREADS_BIND on CPUs: 'all' binds every core to the worker; None leaves vLLM's default."
@@ -111,6 +117,12 @@ class VLLMEngineConfig(BaseModel):
     @property
     def gpus_per_replica(self) -> int:
         return self.tensor_parallel_size if self.device == "gpu" else 0
+
+    @property
+    def free_batch(self) -> int:
+        if self.speculation_batch is not None:
+            return self.speculation_batch
+        return self.max_num_seqs if self.device == "gpu" else min(30, self.max_num_seqs)
 
     def build(self) -> "Engine":
         from presto_ray.engines.vllm_engine import VLLMEngine

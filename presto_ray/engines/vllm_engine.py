@@ -31,12 +31,15 @@ import os
 import threading
 import time
 from concurrent.futures import Future
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
 from presto_ray.engines.base import CallAccounting, Completion, EngineOutput, ProposalRequest
 from presto_ray.engines.specs import VLLMEngineConfig
+
+if TYPE_CHECKING:
+    from presto_ray.engines.vllm_streaming import VLLMStreamingEngine
 
 
 def _set_cpu_environment(config: VLLMEngineConfig) -> None:
@@ -154,6 +157,7 @@ class VLLMEngine:
             seed=c.seed,
             enable_prefix_caching=True,
             logprobs_mode="processed_logprobs",
+            scheduling_policy="priority",  # streaming: needed requests before speculation (FCFS within a level)
             max_logprobs=-1,  # whole-vocabulary scoring, for entropies
             generation_config="vllm",  # no sampling defaults from the model's files
             disable_log_stats=False,
@@ -192,79 +196,90 @@ class VLLMEngine:
             final = output
         return final
 
-    async def _generate(self, requests: list[ProposalRequest]) -> EngineOutput:
+    def sampling_params(self, request: ProposalRequest, delta: bool = False):
+        """q_tau exactly (temperature only), the request's own seed, log q_tau of each token."""
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
+        return SamplingParams(
+            n=1,
+            temperature=request.temperature,
+            top_p=1.0,
+            top_k=0,
+            min_p=0.0,
+            seed=request.seed,
+            max_tokens=request.max_new_tokens,
+            ignore_eos=not request.stop_at_eos,
+            logprobs=0,
+            detokenize=False,
+            output_kind=RequestOutputKind.DELTA if delta else RequestOutputKind.FINAL_ONLY,
+        )
+
+    async def score(self, request: ProposalRequest, tokens: Sequence[int]):
+        """The scoring pass: log p0 (and entropies when asked) of `tokens` after the request's context."""
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        params = SamplingParams(
+            temperature=1.0, max_tokens=1, detokenize=False, output_kind=RequestOutputKind.FINAL_ONLY,
+            prompt_logprobs=-1 if request.want_entropy else 0, flat_logprobs=request.want_entropy,
+        )  # fmt: skip
+        return await self._final(list(request.context_token_ids) + list(tokens), params)
+
+    async def _generate(self, requests: list[ProposalRequest]) -> EngineOutput:
         start = time.perf_counter()
         for request in requests:
             self._validate(request)
         live = [i for i, r in enumerate(requests) if r.max_new_tokens > 0]
         sampled = await asyncio.gather(
-            *[
-                self._final(
-                    list(requests[i].context_token_ids),
-                    SamplingParams(
-                        n=1,
-                        temperature=requests[i].temperature,
-                        top_p=1.0,
-                        top_k=0,
-                        min_p=0.0,
-                        seed=requests[i].seed,
-                        max_tokens=requests[i].max_new_tokens,
-                        ignore_eos=not requests[i].stop_at_eos,
-                        logprobs=0,
-                        detokenize=False,
-                        output_kind=RequestOutputKind.FINAL_ONLY,
-                    ),
-                )
-                for i in live
-            ]
+            *[self._final(list(requests[i].context_token_ids), self.sampling_params(requests[i])) for i in live]
         )
         scoring_start = time.perf_counter()
-        scored = await asyncio.gather(
-            *[
-                self._final(
-                    list(requests[i].context_token_ids) + list(out.outputs[0].token_ids),
-                    SamplingParams(
-                        temperature=1.0, max_tokens=1, detokenize=False, output_kind=RequestOutputKind.FINAL_ONLY,
-                        prompt_logprobs=-1 if requests[i].want_entropy else 0,
-                        flat_logprobs=requests[i].want_entropy,
-                    ),
-                )
-                for i, out in zip(live, sampled)
-            ]
-        )
+        scored = await asyncio.gather(*[self.score(requests[i], out.outputs[0].token_ids) for i, out in zip(live, sampled)])
         accounting = CallAccounting(calls=1, num_requests=len(requests), scoring_time_s=time.perf_counter() - scoring_start)
         completions = [Completion((), np.zeros(0), np.zeros(0), "length") for _ in requests]
         for i, out, score in zip(live, sampled, scored):
-            completions[i] = self._completion(requests[i], out, score)
+            sample = out.outputs[0]
+            tokens = tuple(int(t) for t in sample.token_ids)
+            logq = [entry[t].logprob for entry, t in zip(sample.logprobs, tokens)]
+            completions[i] = self.completion(requests[i], tokens, logq, score, int(out.num_cached_tokens or 0))
             accounting.prompt_tokens += len(requests[i].context_token_ids)
-            accounting.cached_prompt_tokens += int(out.num_cached_tokens or 0)
-            accounting.generated_tokens += len(completions[i].token_ids)
+            accounting.cached_prompt_tokens += completions[i].cached_prompt_tokens
+            accounting.generated_tokens += len(tokens)
             accounting.scoring_tokens += len(score.prompt_token_ids)
         accounting.wall_time_s = time.perf_counter() - start
         return EngineOutput(completions, accounting)
 
-    def _completion(self, request: ProposalRequest, out, score) -> Completion:
-        sample = out.outputs[0]
-        tokens = tuple(int(t) for t in sample.token_ids)
-        logq = np.array([entry[t].logprob for entry, t in zip(sample.logprobs, tokens)], dtype=np.float64)
+    def completion(self, request: ProposalRequest, tokens: tuple[int, ...], logq, score, cached: int) -> Completion:
+        """A proposal's Completion from its sampled tokens, their log q_tau and its scoring pass."""
         offset = len(request.context_token_ids)
         scores = score.prompt_logprobs
-        rows = [scores[offset + i] for i in range(len(tokens))]
-        logp0 = np.array([row[t].logprob for row, t in zip(rows, tokens)], dtype=np.float64)
+        logp0 = np.array([scores[offset + i][t].logprob for i, t in enumerate(tokens)], dtype=np.float64)
         entropy = _entropies(scores, offset, len(tokens)) if request.want_entropy else None
         ended = bool(tokens) and request.stop_at_eos and tokens[-1] == self.eos_token_id
-        return Completion(
-            tokens, logp0, logq, "stop" if ended else "length", int(out.num_cached_tokens or 0), entropy
-        )
+        return Completion(tokens, logp0, np.asarray(logq, dtype=np.float64), "stop" if ended else "length", cached, entropy)
 
-    def streaming(self):
-        raise NotImplementedError(
-            "schedule 'streaming' needs per-request submission with partial tokens and abort, which the "
-            "vLLM engine does not offer yet; use schedule 'rounds'"
-        )
+    def streaming(self) -> "VLLMStreamingEngine":
+        """This engine's per-request form: completion events, partial tokens, abort, priority."""
+        from presto_ray.engines.vllm_streaming import VLLMStreamingEngine
+
+        return VLLMStreamingEngine(self)
+
+    def submit_coroutine(self, coro) -> Future:
+        """Run `coro` on the engine's event loop (the streaming form's requests live there)."""
+        return asyncio.run_coroutine_threadsafe(coro, self._loop)
+
+    def call_soon(self, callback) -> None:
+        self._loop.call_soon_threadsafe(callback)
+
+    async def abort_request(self, request_id: str) -> None:
+        await self._llm.abort(request_id)
+
+    def stream(self, token_ids: list[int], params, request_id: str, priority: int):
+        """vLLM's output stream for one request (DELTA outputs when `params` asks for them)."""
+        from vllm.inputs import TokensPrompt
+
+        return self._llm.generate(TokensPrompt(prompt_token_ids=token_ids), params, request_id=request_id, priority=priority)
 
     # --- lifecycle -------------------------------------------------------------------------
     def shutdown(self) -> None:

@@ -1,0 +1,169 @@
+"""VLLMEngine's per-request form for the streaming schedule (presto_ray.streaming.StreamingEngine).
+
+Each request is one vLLM request streamed with DELTA outputs on the engine's event loop: its
+tokens and their log q_tau accumulate as they are decoded, a fork point the chain asked for
+raises an event as soon as the request has that many tokens, and when it ends it is scored for
+log p0 (the same scoring pass as the batch path) and raises its completion event. Abort is
+vLLM's `AsyncLLM.abort`; priority is vLLM's priority scheduling (lower first). The driver's
+thread blocks in `advance` on a queue the loop thread fills.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import queue
+import threading
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from presto_ray.engines.base import CallAccounting, Completion, ProposalRequest
+
+if TYPE_CHECKING:
+    from concurrent.futures import Future
+
+    from presto_ray.engines.vllm_engine import VLLMEngine
+
+# vLLM's priorities are integers: a reach-based priority in [0, 1] keeps three digits.
+PRIORITY_SCALE = 1000
+
+
+@dataclass(frozen=True)
+class StreamEvent:
+    handle: int
+    generated: int
+    completion: Completion | None = None
+    error: BaseException | None = None
+
+
+@dataclass
+class _Live:
+    request: ProposalRequest
+    request_id: str
+    tokens: list[int] = field(default_factory=list)
+    logq: list[float] = field(default_factory=list)
+    wakes: set[int] = field(default_factory=set)
+    future: "Future | None" = None
+
+
+@dataclass
+class StreamStats:
+    generated_tokens: int = 0  # decoded, aborted requests' tokens included
+    aborted_requests: int = 0
+    wasted_tokens: int = 0  # decoded by requests aborted before they ended
+
+
+class VLLMStreamingEngine:
+    def __init__(self, engine: "VLLMEngine") -> None:
+        self.engine = engine
+        self.eos_token_id = engine.eos_token_id
+        self.free_batch = float(engine.config.free_batch)
+        self.clock = StreamStats()
+        self._handles = itertools.count()
+        self._live: dict[int, _Live] = {}
+        self._lock = threading.Lock()  # `_live` entries' tokens and wakes are shared with the loop thread
+        self._events: queue.SimpleQueue[StreamEvent] = queue.SimpleQueue()
+        self._accounting = CallAccounting()
+
+    # --- StreamingEngine -------------------------------------------------------------------
+    @property
+    def busy(self) -> bool:
+        return bool(self._live)
+
+    def submit(self, request: ProposalRequest, priority: float = 0.0) -> int:
+        self.engine._validate(request)
+        handle = next(self._handles)
+        live = _Live(request, f"presto-stream-{id(self)}-{handle}")
+        self._live[handle] = live
+        self._accounting.num_requests += 1
+        self._accounting.prompt_tokens += len(request.context_token_ids)
+        live.future = self.engine.submit_coroutine(self._run(handle, live, round(priority * PRIORITY_SCALE)))
+        return handle
+
+    def wake_at(self, handle: int, generated: int) -> None:
+        live = self._live.get(handle)
+        if live is None:
+            return
+        with self._lock:
+            if len(live.tokens) >= generated:
+                self._events.put(StreamEvent(handle, len(live.tokens)))
+            else:
+                live.wakes.add(generated)
+
+    def partial_tokens(self, handle: int) -> tuple[int, ...]:
+        live = self._live.get(handle)
+        if live is None:
+            return ()
+        with self._lock:
+            return tuple(live.tokens)
+
+    def abort(self, handle: int) -> None:
+        live = self._live.pop(handle, None)
+        if live is None:
+            return
+        with self._lock:
+            self.clock.aborted_requests += 1
+            self.clock.wasted_tokens += len(live.tokens)
+        self.engine.submit_coroutine(self.engine.abort_request(live.request_id))
+
+    def advance(self) -> list[StreamEvent]:
+        """Block until something happens; every event since, of requests still live."""
+        events = [self._events.get()]
+        while not self._events.empty():
+            events.append(self._events.get_nowait())
+        for event in events:
+            if event.error is not None and event.handle in self._live:
+                raise event.error
+        live = [e for e in events if e.handle in self._live]
+        for event in live:
+            if event.completion is not None:
+                del self._live[event.handle]
+        return live
+
+    def accounting(self) -> CallAccounting:
+        """Requests submitted, their prompt and cached tokens, tokens decoded and scored."""
+        a = CallAccounting(**vars(self._accounting))
+        a.generated_tokens = self.clock.generated_tokens
+        return a
+
+    def streaming(self) -> "VLLMStreamingEngine":
+        return self
+
+    # --- on the engine's loop ---------------------------------------------------------------
+    async def _run(self, handle: int, live: _Live, priority: int) -> None:
+        request = live.request
+        try:
+            cached = 0
+            if request.max_new_tokens > 0:
+                params = self.engine.sampling_params(request, delta=True)
+                async for out in self.engine.stream(list(request.context_token_ids), params, live.request_id, priority):
+                    cached = int(out.num_cached_tokens or 0) or cached
+                    self._append(handle, live, out.outputs[0])
+            if handle not in self._live:
+                return  # aborted: nothing to score
+            completion = await self._finish(live, cached) if live.tokens else Completion((), np.zeros(0), np.zeros(0), "length")
+            self._events.put(StreamEvent(handle, len(live.tokens), completion))
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:  # the engine refused the request: the chain fails with its message
+            self._events.put(StreamEvent(handle, len(live.tokens), error=error))
+
+    def _append(self, handle: int, live: _Live, delta) -> None:
+        tokens = [int(t) for t in delta.token_ids]
+        with self._lock:
+            live.logq.extend(entry[t].logprob for entry, t in zip(delta.logprobs, tokens))
+            live.tokens.extend(tokens)
+            self.clock.generated_tokens += len(tokens)
+            reached = {w for w in live.wakes if w <= len(live.tokens)}
+            live.wakes -= reached
+        if reached:
+            self._events.put(StreamEvent(handle, len(live.tokens)))
+
+    async def _finish(self, live: _Live, cached: int) -> Completion:
+        tokens = tuple(live.tokens)
+        score = await self.engine.score(live.request, tokens)
+        self._accounting.cached_prompt_tokens += cached
+        self._accounting.scoring_tokens += len(score.prompt_token_ids)
+        return self.engine.completion(live.request, tokens, live.logq, score, cached)
