@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass
 
 import ray
+from ray.exceptions import RayActorError
 
 from actors.metrics import ChainMetrics
 from presto_ray.chain import Chain
@@ -56,7 +57,10 @@ async def drive_chain(coordinator, chain_id, chain: Chain, on_round=None) -> Sam
             if on_round is not None:
                 await on_round(chain)
     finally:
-        await coordinator.chain_finished.remote(chain_id)
+        try:
+            await coordinator.chain_finished.remote(chain_id)
+        except RayActorError:  # a restarting coordinator has forgotten the chain anyway
+            pass
     return chain.result(time.perf_counter() - started)
 
 

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import ray
-from ray.exceptions import RayActorError
+from ray.exceptions import GetTimeoutError, RayActorError
 
 from actors.chain_actor import ChainWork, start_chain_actors
 from actors.cluster import SamplingCluster
@@ -30,6 +30,8 @@ from presto_ray.prompts import PromptItem
 
 # A chain replayed this many times is failing for a reason a restart does not fix.
 MAX_CHAIN_ATTEMPTS = 5
+# How long a dead coordinator may take to come back before the job gives up.
+COORDINATOR_RESTART_TIMEOUT_S = 120.0
 
 
 class RayJob:
@@ -118,12 +120,14 @@ class RayJob:
                 try:
                     result = ray.get(ref)
                 except RayActorError:
-                    # the chain's actor died (Ray restarts it): replay the chain from its keys
+                    # the chain's actor or the coordinator died (Ray restarts it): replay the
+                    # chain from its keys once the coordinator answers again
                     attempts[item.chain_id] = attempts.get(item.chain_id, 0) + 1
                     if attempts[item.chain_id] >= MAX_CHAIN_ATTEMPTS:
                         raise
                     summary.replayed_chains += 1
                     queue.appendleft(item)
+                    self._wait_for_coordinator()
                     continue
                 row = sample_row(*item.chain_id, item.config.seed, result, self.tokenizer, self.sampler_json)
                 summary.add_result(row, result)
@@ -132,6 +136,18 @@ class RayJob:
                     on_sample(row)
             if not ready:
                 self.writer.flush()  # long chains: still leave a trace on disk every interval
+
+    def _wait_for_coordinator(self) -> None:
+        """Block while a restarting coordinator cannot answer (replays sent sooner fail at once)."""
+        deadline = time.monotonic() + COORDINATOR_RESTART_TIMEOUT_S
+        while True:
+            try:
+                ray.get(self.coordinator.snapshot.remote(), timeout=10)
+                return
+            except (RayActorError, GetTimeoutError):
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
 
     def snapshot(self) -> CoordinatorSnapshot | None:
         """The coordinator's figures (None before the job started)."""
