@@ -79,12 +79,17 @@ class JobSummary:
             return a / b if b else 0.0
 
         c, e = self.chains, self.engine
-        return [
-            f"samples              {self.samples}",
+        calls = [
             f"model calls          {e.calls} (chain rounds {c.model_calls})",
             f"transitions per call {ratio(c.transitions, e.calls):.2f} "
             f"(per chain round {c.transitions_per_call:.2f})",
             f"requests per call    {ratio(c.requests, e.calls):.2f}",
+        ] if e.calls else [  # streaming makes no batched calls
+            f"requests             {c.requests} streamed ({c.forked_requests} forked, {c.aborted_requests} aborted)",
+        ]
+        return [
+            f"samples              {self.samples}",
+            *calls,
             f"acceptance rate      {c.acceptance_rate:.3f}",
             f"cached-token share   {ratio(e.cached_prompt_tokens, e.prompt_tokens):.3f}",
             f"generated tokens     {e.generated_tokens}",

@@ -176,7 +176,8 @@ class VLLMEngine:
         future: Future = asyncio.run_coroutine_threadsafe(self._generate(list(requests)), self._loop)
         return await asyncio.wrap_future(future)
 
-    def _validate(self, request: ProposalRequest) -> None:
+    def validate(self, request: ProposalRequest) -> None:
+        """Refuse a request vLLM could not serve (no context, or over max_model_len)."""
         context = len(request.context_token_ids)
         if context == 0:
             raise ValueError("a request needs at least one prompt or prefix token")
@@ -187,12 +188,8 @@ class VLLMEngine:
             )
 
     async def _final(self, token_ids: list[int], params) -> object:
-        from vllm.inputs import TokensPrompt
-
         final = None
-        async for output in self._llm.generate(
-            TokensPrompt(prompt_token_ids=token_ids), params, request_id=f"presto-{next(self._ids)}"
-        ):
+        async for output in self.stream(token_ids, params, f"presto-{next(self._ids)}"):
             final = output
         return final
 
@@ -229,7 +226,7 @@ class VLLMEngine:
     async def _generate(self, requests: list[ProposalRequest]) -> EngineOutput:
         start = time.perf_counter()
         for request in requests:
-            self._validate(request)
+            self.validate(request)
         live = [i for i, r in enumerate(requests) if r.max_new_tokens > 0]
         sampled = await asyncio.gather(
             *[self._final(list(requests[i].context_token_ids), self.sampling_params(requests[i])) for i in live]
@@ -275,7 +272,7 @@ class VLLMEngine:
     async def abort_request(self, request_id: str) -> None:
         await self._llm.abort(request_id)
 
-    def stream(self, token_ids: list[int], params, request_id: str, priority: int):
+    def stream(self, token_ids: list[int], params, request_id: str, priority: int = 0):
         """vLLM's output stream for one request (DELTA outputs when `params` asks for them)."""
         from vllm.inputs import TokensPrompt
 

@@ -63,7 +63,7 @@ class VLLMStreamingEngine:
         self.clock = StreamStats()
         self._handles = itertools.count()
         self._live: dict[int, _Live] = {}
-        self._lock = threading.Lock()  # `_live` entries' tokens and wakes are shared with the loop thread
+        self._lock = threading.Lock()  # tokens, wakes and counters are shared with the loop thread
         self._events: queue.SimpleQueue[StreamEvent] = queue.SimpleQueue()
         self._accounting = CallAccounting()
 
@@ -73,12 +73,13 @@ class VLLMStreamingEngine:
         return bool(self._live)
 
     def submit(self, request: ProposalRequest, priority: float = 0.0) -> int:
-        self.engine._validate(request)
+        self.engine.validate(request)
         handle = next(self._handles)
         live = _Live(request, f"presto-stream-{id(self)}-{handle}")
         self._live[handle] = live
-        self._accounting.num_requests += 1
-        self._accounting.prompt_tokens += len(request.context_token_ids)
+        with self._lock:
+            self._accounting.num_requests += 1
+            self._accounting.prompt_tokens += len(request.context_token_ids)
         live.future = self.engine.submit_coroutine(self._run(handle, live, round(priority * PRIORITY_SCALE)))
         return handle
 
@@ -124,8 +125,9 @@ class VLLMStreamingEngine:
 
     def accounting(self) -> CallAccounting:
         """Requests submitted, their prompt and cached tokens, tokens decoded and scored."""
-        a = CallAccounting(**vars(self._accounting))
-        a.generated_tokens = self.clock.generated_tokens
+        with self._lock:
+            a = CallAccounting(**vars(self._accounting))
+            a.generated_tokens = self.clock.generated_tokens
         return a
 
     def streaming(self) -> "VLLMStreamingEngine":
@@ -164,6 +166,7 @@ class VLLMStreamingEngine:
     async def _finish(self, live: _Live, cached: int) -> Completion:
         tokens = tuple(live.tokens)
         score = await self.engine.score(live.request, tokens)
-        self._accounting.cached_prompt_tokens += cached
-        self._accounting.scoring_tokens += len(score.prompt_token_ids)
+        with self._lock:
+            self._accounting.cached_prompt_tokens += cached
+            self._accounting.scoring_tokens += len(score.prompt_token_ids)
         return self.engine.completion(live.request, tokens, live.logq, score, cached)
