@@ -10,6 +10,9 @@ Chains `submit` the requests of their next round and await the completions. The 
     (actors/batching.py); this actor only feeds it the clock, the queues and who has planned;
   - survives replicas: when a call fails because its replica died, the call's requests go to
     another healthy replica (or wait for the restarted one); a probe puts the replica back.
+Chains that stream (`SamplerConfig.schedule = "streaming"`) go through `stream_open` and
+`stream_exchange` instead: actors/stream_router.py forwards each request as it arrives and returns
+each event as it lands, with no call and no barrier.
 Completions are deterministic functions of their requests, so none of this changes a sample.
 """
 
@@ -27,6 +30,8 @@ from ray.exceptions import RayActorError
 from actors.batching import BatchingPolicy
 from actors.coordinator_stats import CoordinatorCounters, CoordinatorSnapshot
 from actors.metrics import CoordinatorMetrics
+from actors.stream_protocol import ChainActions, ChainUpdate
+from actors.stream_router import StreamRouter
 from presto_ray.engines.base import CallAccounting, Completion, ProposalRequest
 
 # How long a dead replica may take to come back (a vLLM replica restarts in ~30-60 s on CPUs).
@@ -71,6 +76,16 @@ class Coordinator:
         self._last_activity = 0.0
         self._wake: asyncio.Event | None = None
         self._dispatcher: asyncio.Task | None = None
+        self.streams = StreamRouter(
+            self.replicas,
+            self.healthy,
+            self._ranking,
+            affinity_slack=settings.affinity_slack,
+            max_attempts=settings.max_call_attempts,
+            counters=self.stats,
+            accounting=self.accounting,
+            on_replica_lost=self._mark_lost,
+        )
 
     # --- what chains call ----------------------------------------------------------------
     async def submit(self, chain_id, requests: list[ProposalRequest]) -> list[Completion]:
@@ -99,12 +114,24 @@ class Coordinator:
             if not self.waiting[chain_id]:
                 del self.waiting[chain_id]
 
+    async def stream_open(self, chain_id, prefetch_budget: int) -> int:
+        """A streaming chain starts (or starts again): its first budget of running requests."""
+        self.active_chains.add(chain_id)
+        self.metrics.chains_active.set(len(self.active_chains))
+        return await self.streams.open(chain_id, prefetch_budget)
+
+    async def stream_exchange(self, chain_id, actions: ChainActions) -> ChainUpdate:
+        """Abort, start and wake as the chain asks; answer with its next events as they land."""
+        self._last_activity = time.monotonic()
+        return await self.streams.exchange(chain_id, actions)
+
     def register_chains(self, chain_ids: list) -> None:
         """Chains about to start: the first dispatch waits (up to the window) for their plans too."""
         self.active_chains.update(chain_ids)
         self.metrics.chains_active.set(len(self.active_chains))
 
     def chain_finished(self, chain_id) -> None:
+        self.streams.close(chain_id)  # a streaming chain's leftover requests are aborted
         self.active_chains.discard(chain_id)
         self.stats.chains_finished += 1
         self.metrics.chains_active.set(len(self.active_chains))
@@ -221,12 +248,16 @@ class Coordinator:
         self.metrics.record_call(i, size, accounting, self.accounting)
 
     # --- replica failures ----------------------------------------------------------------
-    def _replica_failed(self, i: int, batch: list[_Queued]) -> None:
+    def _mark_lost(self, i: int) -> None:
+        """A call or stream on replica i failed because it died: stop using it until a probe answers."""
         self.stats.replica_failures += 1
         self.metrics.replica_failures.inc()
         if self.healthy[i]:
             self.healthy[i] = False
             asyncio.get_running_loop().create_task(self._probe(i))
+
+    def _replica_failed(self, i: int, batch: list[_Queued]) -> None:
+        self._mark_lost(i)
         stranded = list(self.queues[i])
         self.queues[i].clear()
         for item in batch:
@@ -248,9 +279,11 @@ class Coordinator:
                 await asyncio.sleep(0.5)
                 continue
             self.healthy[i] = True
-            self._wake.set()
+            if self._wake is not None:
+                self._wake.set()
             return
         if not any(self.healthy):  # nobody left to serve the queue: fail it rather than hang
             for queue in self.queues:
                 while queue:
                     self._settle(queue.popleft(), error=RuntimeError("every engine replica died"))
+            self.streams.fail_parked("every engine replica died")

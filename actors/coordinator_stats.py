@@ -19,6 +19,8 @@ class CoordinatorCounters:
     max_queue_depth: int = 0
     max_requests_per_call: int = 0
     affinity_misses: int = 0  # requests sent away from their prompt's preferred replica
+    streamed_requests: int = 0  # streaming: requests sent to replicas one by one (after dedup)
+    stream_aborts: int = 0  # streaming: requests aborted on their replica (no chain wanted them)
 
 
 @dataclass(frozen=True)

@@ -22,6 +22,7 @@ from ray.exceptions import GetTimeoutError, RayActorError
 
 from actors.chain_actor import ChainWork, start_chain_actors
 from actors.cluster import SamplingCluster
+from actors.stream_protocol import StreamLost
 from actors.coordinator_stats import CoordinatorSnapshot
 from presto_ray.engines import build_tokenizer
 from presto_ray.job import JobConfig, JobSummary, encode_prompt, prompt_seed
@@ -119,7 +120,7 @@ class RayJob:
                 item = running.pop(ref)
                 try:
                     result = ray.get(ref)
-                except RayActorError:
+                except (RayActorError, StreamLost):
                     # the chain's actor or the coordinator died (Ray restarts it): replay the
                     # chain from its keys once the coordinator answers again
                     attempts[item.chain_id] = attempts.get(item.chain_id, 0) + 1

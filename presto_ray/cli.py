@@ -53,13 +53,6 @@ def _load_job_config(args: argparse.Namespace):
     return config
 
 
-def _rounds_only(config, command: str) -> int:
-    """Exit status 2 with a message when `command` (a Ray driver) gets a schedule it cannot run yet."""
-    if config.sampler.schedule == "rounds":
-        return 0
-    return _fail(f"sampler.schedule: 'streaming' runs in process only so far; `{command}` needs 'rounds'")
-
-
 def cmd_sample(args: argparse.Namespace) -> int:
     from presto_ray.engines import build_engine
     from presto_ray.job import run_job
@@ -78,7 +71,7 @@ def cmd_sample(args: argparse.Namespace) -> int:
         return _fail(str(e))
 
     if args.ray:
-        return _rounds_only(config, "sample --ray") or _sample_on_ray(args, items, config)
+        return _sample_on_ray(args, items, config)
     if args.address:
         return _fail("--address needs --ray")
     args.out = args.out or "out/samples.parquet"
@@ -247,8 +240,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
         config = _load_job_config(args)
     except _BadInput as e:
         return _fail(str(e))
-    if refused := _rounds_only(config, "serve"):
-        return refused
     try:
         from deployments.serve_app import run_service
     except ImportError as e:

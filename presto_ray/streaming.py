@@ -18,6 +18,7 @@ class EngineEvent(Protocol):
     handle: int
     generated: int
     completion: Completion | None  # None: a fork point was reached, the request runs on
+    error: BaseException | None  # the engine refused or lost the request (advance raises it)
 
 
 class StreamingEngine(Protocol):
@@ -35,6 +36,10 @@ class StreamingEngine(Protocol):
     def abort(self, handle: int) -> None: ...
 
     def advance(self) -> Sequence[EngineEvent]: ...
+
+    async def next_events(self, timeout_s: float) -> Sequence[EngineEvent]:
+        """`advance` for an event loop: waits at most `timeout_s`, reports errors as events."""
+        ...
 
 
 def run_streaming(

@@ -30,7 +30,9 @@ class ToyEngineSpec(BaseModel):
     eos_bias: float = Field(-3.0, description="Added to the EOS logit (negative: longer answers).")
     max_model_len: int = Field(4096, ge=16, description="Longest prompt + generation a request may ask for.")
     call_latency_s: float = Field(0.0, ge=0.0, description="Benchmarks: seconds each call sleeps (fixed cost).")
-    token_latency_s: float = Field(0.0, ge=0.0, description="Benchmarks: seconds each call sleeps per generated token.")
+    token_latency_s: float = Field(
+        0.0, ge=0.0, description="Benchmarks: seconds each call sleeps per generated token (streaming: per decode step)."
+    )
 
     @property
     def model_name(self) -> str:

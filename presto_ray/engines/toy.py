@@ -153,10 +153,11 @@ class ToyEngine:
 
     def streaming(self, **clock) -> "VirtualClockEngine":
         """This model on a continuous-batching device in virtual time (per-request submission,
-        partial tokens, abort, priority); `clock`: VirtualClockEngine's cost settings."""
+        partial tokens, abort, priority); `clock`: VirtualClockEngine's cost settings. A decode
+        step takes `token_latency_s` of wall time in an engine replica unless `clock` says otherwise."""
         from presto_ray.engines.virtual_clock import VirtualClockEngine
 
-        return VirtualClockEngine(self, **clock)
+        return VirtualClockEngine(self, **{"seconds_per_time_unit": self.token_latency_s, **clock})
 
     def _generate(self, requests: Sequence[ProposalRequest]) -> EngineOutput:
         start = time.perf_counter()

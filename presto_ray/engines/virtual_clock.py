@@ -47,6 +47,7 @@ class EngineEvent:
     handle: int
     generated: int
     completion: Completion | None = None
+    error: BaseException | None = None  # never set here: the toy refuses requests at submission
 
 
 @dataclass
@@ -70,6 +71,7 @@ class VirtualClockEngine:
         step_cost: float = 1.0,
         step_cost_per_sequence: float = 0.0,
         max_running: int | None = None,
+        seconds_per_time_unit: float = 0.0,
     ) -> None:
         self.toy = toy
         self.tokenizer = toy.tokenizer
@@ -78,6 +80,9 @@ class VirtualClockEngine:
         self.context_length = toy.context_length
         self.step_cost, self.step_cost_per_sequence = float(step_cost), float(step_cost_per_sequence)
         self.max_running = max_running
+        # In an engine replica (`next_events`), virtual time also passes in wall time at this rate,
+        # so that requests are in flight long enough to be raced, aborted or lost with the replica.
+        self.seconds_per_time_unit = float(seconds_per_time_unit)
         self.clock = ClockStats()
         self._handles = itertools.count()
         self._order = itertools.count()
@@ -164,6 +169,15 @@ class VirtualClockEngine:
                 seq.wakes = {w for w in seq.wakes if w > seq.generated}
                 events.append(EngineEvent(seq.handle, seq.generated))
         self._admit()
+        return events
+
+    async def next_events(self, timeout_s: float) -> list[EngineEvent]:
+        """`advance` for an event loop (an engine replica actor), taking the virtual time it
+        advanced in wall time at `seconds_per_time_unit` (0: at once)."""
+        before = self.clock.time
+        events = self.advance()
+        if self.seconds_per_time_unit:
+            await asyncio.sleep((self.clock.time - before) * self.seconds_per_time_unit)
         return events
 
     def streaming(self) -> "VirtualClockEngine":

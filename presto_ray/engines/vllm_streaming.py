@@ -110,16 +110,31 @@ class VLLMStreamingEngine:
         self.engine.submit_coroutine(self.engine.abort_request(live.request_id))
 
     def advance(self) -> list[StreamEvent]:
-        """Block until something happens; every event since, of requests still live."""
-        events = [self._events.get()]
+        """Block until something happens; every event since, of requests still live (a refused
+        request raises its error)."""
+        events = self._accept(self._events.get())
+        for event in events:
+            if event.error is not None:
+                raise event.error
+        return events
+
+    async def next_events(self, timeout_s: float) -> list[StreamEvent]:
+        """`advance` for an event loop (an engine replica actor): waits in a worker thread, at
+        most `timeout_s`, and returns a refused request's error as its event instead of raising."""
+        try:
+            first = await asyncio.to_thread(self._events.get, True, timeout_s)
+        except queue.Empty:
+            return []
+        return self._accept(first)
+
+    def _accept(self, first: StreamEvent) -> list[StreamEvent]:
+        """`first` and every event queued since, of requests still live; ended ones are forgotten."""
+        events = [first]
         while not self._events.empty():
             events.append(self._events.get_nowait())
-        for event in events:
-            if event.error is not None and event.handle in self._live:
-                raise event.error
         live = [e for e in events if e.handle in self._live]
         for event in live:
-            if event.completion is not None:
+            if event.completion is not None or event.error is not None:
                 del self._live[event.handle]
         return live
 

@@ -1,0 +1,75 @@
+"""What travels between chain actors, the coordinator and engine replicas when chains stream
+(docs/streaming.md). Plain frozen dataclasses: cheap to pickle, no Ray needed to build them.
+
+Chain -> coordinator: `ChainActions` (abort these, start those, wake me at these fork points), answered
+by a `ChainUpdate` once at least one event for the chain has landed (a long poll: one round trip
+per batch of events, no per-call barrier). Coordinator -> replica: `ReplicaStart`s, wakes and aborts
+by `StreamId`; replica -> coordinator: `ReplicaEvents`, also a long poll.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from presto_ray.chain import StartRequest, StreamKey
+from presto_ray.engines.base import CallAccounting, Completion, ProposalRequest
+
+# A request as the coordinator names it on a replica: (the coordinator's epoch, a counter). The
+# epoch tells a restarted coordinator's requests from the orphans of the one before.
+StreamId = tuple[str, int]
+
+
+class StreamLost(RuntimeError):
+    """The coordinator no longer holds this chain's stream (it restarted, or the chain was opened
+    again elsewhere): the driver replays the chain from its keys."""
+
+
+@dataclass(frozen=True)
+class ChainActions:
+    abort: tuple[StreamKey, ...] = ()
+    start: tuple[StartRequest, ...] = ()
+    wakes: tuple[tuple[StreamKey, int], ...] = ()  # (running request, token count that unlocks a fork)
+
+
+@dataclass(frozen=True)
+class ChainEvent:
+    """A request of the chain reached a fork point (`partial` set) or ended (`completion` or `error`)."""
+
+    key: StreamKey
+    generated: int
+    partial: tuple[int, ...] | None = None
+    completion: Completion | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class ChainUpdate:
+    events: tuple[ChainEvent, ...]
+    budget: int  # requests the chain may keep running now (its share of the replicas' free batch)
+
+
+@dataclass(frozen=True)
+class ReplicaStart:
+    stream_id: StreamId
+    request: ProposalRequest
+    priority: float
+    wakes: tuple[int, ...] = ()  # fork points already asked for (a request re-sent after its replica died)
+
+
+@dataclass(frozen=True)
+class ReplicaEvent:
+    stream_id: StreamId
+    generated: int
+    partial: tuple[int, ...] | None = None
+    completion: Completion | None = None
+    error: str | None = None
+
+    @property
+    def ended(self) -> bool:
+        return self.completion is not None or self.error is not None
+
+
+@dataclass(frozen=True)
+class ReplicaEvents:
+    events: tuple[ReplicaEvent, ...]
+    accounting: CallAccounting = field(default_factory=CallAccounting)  # cost since the previous poll
