@@ -48,8 +48,8 @@ async def drive_chain(coordinator, chain_id, chain: Chain, on_round=None) -> Sam
     """Run `chain` to the end through the coordinator: the loop every Ray-side driver shares, in
     rounds or streaming as the chain's config says.
 
-    `on_round(chain)` (optional) is awaited after each round (streaming: each batch of events),
-    e.g. to stream progress.
+    `on_round(chain)` (optional) is awaited after each round (streaming: each batch of events that
+    completed a transition), e.g. to stream progress.
     """
     metrics = _chain_metrics()
     started = time.perf_counter()
@@ -101,9 +101,10 @@ async def _stream(coordinator, chain_id, chain: Chain, metrics: ChainMetrics, on
                 transitions += chain.complete(event.key, event.completion).transitions
             else:
                 chain.observe_progress(event.key, event.partial)
-        metrics.record_round(transitions)
-        if on_round is not None:
-            await on_round(chain)
+        if transitions:  # progress, not every fork point
+            metrics.record_round(transitions)
+            if on_round is not None:
+                await on_round(chain)
 
 
 @functools.cache

@@ -111,6 +111,31 @@ def test_streaming_sends_progress_then_the_same_text(toy_service):
     assert streamed == whole.choices[0].message.content
 
 
+def test_a_streaming_schedule_service_answers_with_the_serial_samples(serve_base_url):
+    """`sampler.schedule: streaming` in the service's config: chains stream through the coordinator."""
+    from ray import serve
+
+    from deployments.serve_app import app_for
+
+    config = JobConfig.model_validate({**TOY, "sampler": {**TOY["sampler"], "schedule": "streaming", "prefetch_budget": 6}})
+    serve.run(app_for(config), name="streaming", route_prefix="/streaming")
+    try:
+        c = client(f"{serve_base_url}/streaming")
+        args = {"model": "toy", "prompt": "The answer is", "max_tokens": 16, "n": 2, "seed": 9}
+        whole = c.completions.create(**args)
+        prompt_ids = config.engine.build().tokenizer.encode_raw("The answer is")
+        serial = expected_texts(config, prompt_ids, 9, 2, traversal="serial", schedule="rounds", num_blocks=2)
+        assert [ch.text for ch in whole.choices] == serial
+        assert all(ch.model_extra["power_sampling"]["transitions"] > 0 for ch in whole.choices)
+        texts, progress = {0: "", 1: ""}, 0
+        for chunk in c.completions.create(stream=True, **args):
+            progress += chunk.model_extra["power_sampling"]["event"] == "progress"
+            texts[chunk.choices[0].index] += chunk.choices[0].text
+        assert progress >= 2 and [texts[0], texts[1]] == serial
+    finally:
+        serve.delete("streaming")
+
+
 GOOD = {"model": "toy", "prompt": "hello", "max_tokens": 8, "seed": 1}
 # Every rule is tested as a pure function in test_openai_api.py; these few show the HTTP path
 # carries status, param and message for each kind of error.
