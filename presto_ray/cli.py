@@ -284,14 +284,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     b.set_defaults(func=cmd_bench)
 
-    r = sub.add_parser("bench-real", help="serial vs bfs vs predictive on vLLM with the real model")
+    r = sub.add_parser("bench-real", help="serial vs rounds vs streaming on vLLM with the real model (wall clock)")
     r.add_argument("--prompts", default=str(EXAMPLES))
     r.add_argument("--budgets", default="4,8,16")
     r.add_argument("--mh-steps", type=int, default=20)
     r.add_argument("--block-size", type=int, default=48)
     r.add_argument("--out", default="bench/results/vllm_cpu.json")
     r.add_argument("--png", default="bench/results/vllm_cpu.png")
-    r.add_argument("--variants", action="store_true", help="PowerMH, EntropyCut and MultiTryMH: serial vs predictive")
+    r.add_argument("--variants", action="store_true", help="PowerMH, EntropyCut and MultiTryMH: serial vs prefetching")
     r.set_defaults(func=cmd_bench_real)
 
     v = sub.add_parser("serve", help="the OpenAI-compatible HTTP service on Ray Serve (Ctrl-C stops it)")
