@@ -34,7 +34,7 @@ bench-virtual: $(STAMP)
 	$(VENV)/bin/presto-ray bench --virtual-clock --out bench/results/virtual_clock.json
 
 bench-real: $(STAMP)
-	$(VENV)/bin/presto-ray bench-real --out bench/results/vllm_cpu.json
+	$(VENV)/bin/presto-ray bench-real --out bench/results/vllm_cpu_streaming.json --png bench/results/vllm_cpu_streaming.png
 
 clean:
 	rm -rf $(VENV) out .pytest_cache .hypothesis

@@ -147,7 +147,8 @@ def run_ray_bench(
     ensure_ray()
     work_dir = Path(work_dir)
     toy = {"kind": "toy", "vocab_size": 64, "logit_scale": 4.0, "eos_bias": -3.0, **TOY_LATENCY}
-    toy_sampler = {"block_size": 32, "num_blocks": 1, "mh_steps": 30, "prefetch_budget": 8, "seed": 0}
+    # rounds: this bench measures how the coordinator merges calls (streaming makes none)
+    toy_sampler = {"block_size": 32, "num_blocks": 1, "mh_steps": 30, "prefetch_budget": 8, "seed": 0, "schedule": "rounds"}
     rows, policy = [], []
     toy_engine, toy_cluster = _engines(toy, toy_sampler, work_dir, build_engine)
     toy_replicas = toy_cluster.replicas
@@ -160,7 +161,7 @@ def run_ray_bench(
             policy.append(measure(toy, toy_sampler, policy_chains, ray, work_dir, toy_replicas, toy_engine))
             progress(f"policy window={window} inflight={inflight}: {policy[-1]['ray_transitions_per_s']:.1f} trans/s")
     toy_cluster.shutdown()
-    vllm_sampler = {"block_size": 24, "num_blocks": 1, "mh_steps": 6, "prefetch_budget": 4, "seed": 0}
+    vllm_sampler = {"block_size": 24, "num_blocks": 1, "mh_steps": 6, "prefetch_budget": 4, "seed": 0, "schedule": "rounds"}
     model_dir = None
     if vllm_chain_counts:
         from presto_ray.engines.vllm_engine import VLLMEngine

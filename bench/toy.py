@@ -92,7 +92,7 @@ def run_toy_bench(
     `variant_budgets`. Per sampler, a reference serial run comes first; the serial row is a
     second, independent run, so its `same_as_serial` checks run-to-run determinism.
     """
-    base = SamplerConfig(block_size=block_size, num_blocks=1, mh_steps=mh_steps)
+    base = SamplerConfig(block_size=block_size, num_blocks=1, mh_steps=mh_steps, schedule="rounds")
     runs = [
         ("power_mh", t, b, g)
         for t in traversals

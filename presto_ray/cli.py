@@ -289,8 +289,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--budgets", default="4,8,16")
     r.add_argument("--mh-steps", type=int, default=20)
     r.add_argument("--block-size", type=int, default=48)
-    r.add_argument("--out", default="bench/results/vllm_cpu.json")
-    r.add_argument("--png", default="bench/results/vllm_cpu.png")
+    r.add_argument("--out", default="bench/results/vllm_cpu_streaming.json")
+    r.add_argument("--png", default="bench/results/vllm_cpu_streaming.png")
     r.add_argument("--variants", action="store_true", help="PowerMH, EntropyCut and MultiTryMH: serial vs prefetching")
     r.set_defaults(func=cmd_bench_real)
 

@@ -34,7 +34,7 @@ class SamplerConfig(BaseModel):
         "predictive", description="'serial' (one request a round), 'bfs' or 'predictive' prefetching."
     )
     schedule: ScheduleKind = Field(
-        "rounds",
+        "streaming",
         description="'rounds' (plan, wait for the whole round, walk) or 'streaming' (keep up to prefetch_budget "
         "requests running, walk each completion as it lands, fork, abort dead branches); same samples either way.",
     )

@@ -1,4 +1,4 @@
-"""The multi-chain local driver: chains share calls, samples do not change."""
+"""The multi-chain local driver in rounds: chains share calls, samples do not change."""
 
 from presto_ray import SamplerConfig, sample
 from presto_ray.driver import sample_many
@@ -8,7 +8,7 @@ from presto_ray.engines.toy import ToyEngine
 def test_many_chains_share_calls_and_keep_their_samples():
     engine = ToyEngine(vocab_size=32, eos_token_id=0, seed=5, logit_scale=3.0, eos_bias=-2.0)
     prompts = [[1, 2, i] for i in range(6)]
-    configs = [SamplerConfig(block_size=16, num_blocks=2, mh_steps=12, prefetch_budget=6, seed=i) for i in range(6)]
+    configs = [SamplerConfig(block_size=16, num_blocks=2, mh_steps=12, prefetch_budget=6, seed=i, schedule="rounds") for i in range(6)]
     finished = []
     together, accounting = sample_many(engine, prompts, configs, on_result=lambda i, r: finished.append(i))
     alone = [sample(engine, p, c) for p, c in zip(prompts, configs)]
@@ -21,7 +21,7 @@ def test_many_chains_share_calls_and_keep_their_samples():
 
 def test_active_chain_limit_bounds_requests_per_call():
     engine = ToyEngine(vocab_size=16, eos_token_id=0, seed=1)
-    configs = [SamplerConfig(block_size=8, mh_steps=4, prefetch_budget=2, seed=i) for i in range(5)]
+    configs = [SamplerConfig(block_size=8, mh_steps=4, prefetch_budget=2, seed=i, schedule="rounds") for i in range(5)]
     sizes = []
     original = engine.generate
     engine.generate = lambda requests: sizes.append(len(requests)) or original(requests)

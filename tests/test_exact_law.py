@@ -54,10 +54,10 @@ CASES = {
 }
 
 
-def _empirical(engine, case, traversal, kernel=None, num_chains=NUM_CHAINS, **sampler):
+def _empirical(engine, case, traversal, kernel=None, num_chains=NUM_CHAINS, schedule="rounds", **sampler):
     counts = Counter()
     for seed in range(num_chains):
-        config = SamplerConfig(alpha=2.0, traversal=traversal, prefetch_budget=6, seed=seed, **case, **sampler)
+        config = SamplerConfig(alpha=2.0, traversal=traversal, prefetch_budget=6, seed=seed, schedule=schedule, **case, **sampler)
         counts[sample(engine, PROMPT, config, kernel=kernel).token_ids] += 1
     return counts
 

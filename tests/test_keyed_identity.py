@@ -1,4 +1,5 @@
-"""Prefetching changes the schedule, never the trajectory: serial == bfs == predictive."""
+"""Prefetching changes the schedule, never the trajectory: serial == bfs == predictive (rounds here;
+streaming in test_streaming.py)."""
 
 import numpy as np
 from hypothesis import HealthCheck, given, settings
@@ -14,7 +15,7 @@ from identity_helpers import configs, engines, run_recorded
 def test_every_traversal_walks_the_serial_chain(config_kwargs, engine_kwargs, prompt):
     engine = ToyEngine(**engine_kwargs)
     prompt = [t % engine_kwargs["vocab_size"] for t in prompt]
-    chains = {t: run_recorded(engine, prompt, SamplerConfig(traversal=t, **config_kwargs)) for t in ("serial", "bfs", "predictive")}
+    chains = {t: run_recorded(engine, prompt, SamplerConfig(traversal=t, schedule="rounds", **config_kwargs)) for t in ("serial", "bfs", "predictive")}
     serial = chains["serial"]
     assert serial.stats.model_calls == serial.stats.transitions + serial.stats.extensions
     for name in ("bfs", "predictive"):
@@ -30,7 +31,7 @@ def test_prefetching_saves_most_calls_on_peaked_models():
     engine = ToyEngine(vocab_size=64, eos_token_id=0, seed=1, logit_scale=4.0, eos_bias=-3.0)
     results = {
         traversal: [
-            sample(engine, [5, 6, seed], SamplerConfig(block_size=32, mh_steps=40, prefetch_budget=8, seed=seed, traversal=traversal))
+            sample(engine, [5, 6, seed], SamplerConfig(block_size=32, mh_steps=40, prefetch_budget=8, seed=seed, traversal=traversal, schedule="rounds"))
             for seed in range(6)
         ]
         for traversal in ("serial", "bfs", "predictive")

@@ -28,7 +28,7 @@ def toy_job(prompts: int = 4, chains: int = 2, **ray_settings) -> tuple[list[Pro
     config = JobConfig.model_validate(
         {
             "engine": {"kind": "toy", "vocab_size": 48, "logit_scale": 3.0, "eos_bias": -2.0},
-            "sampler": {"block_size": 12, "num_blocks": 2, "mh_steps": 6, "prefetch_budget": 6, "seed": 11},
+            "sampler": {"block_size": 12, "num_blocks": 2, "mh_steps": 6, "prefetch_budget": 6, "seed": 11, "schedule": "rounds"},
             "chains_per_prompt": chains,
             "ray": ray_settings,
         }
@@ -249,7 +249,7 @@ def test_cli_ray_sample_and_its_errors(ray_address, tmp_path, capsys):
     out = tmp_path / "out"
     assert main(["sample", "--ray", "--config", str(config), "--out", str(out), "--quiet"]) == 0
     printed = capsys.readouterr().out
-    assert f"wrote 8 samples to {out}/" in printed and "transitions per call" in printed
+    assert f"wrote 8 samples to {out}/" in printed and "streamed (" in printed  # configs/toy.yaml streams
     assert len(read_samples(out)) == 8
 
     assert main(["sample", "--ray", "--config", str(config), "--out", str(out), "--seed", "5", "--quiet"]) == 2

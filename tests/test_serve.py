@@ -19,7 +19,7 @@ httpx = pytest.importorskip("httpx")
 
 TOY = {
     "engine": {"kind": "toy", "vocab_size": 48, "logit_scale": 3.0, "eos_bias": -2.0, "max_model_len": 512},
-    "sampler": {"block_size": 8, "mh_steps": 4, "prefetch_budget": 4, "seed": 0},
+    "sampler": {"block_size": 8, "mh_steps": 4, "prefetch_budget": 4, "seed": 0, "schedule": "rounds"},
     "serve": {},
 }
 KEY = "test-secret"

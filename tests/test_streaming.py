@@ -29,7 +29,7 @@ configs = st.fixed_dictionaries(
 def test_streaming_walks_the_serial_chain(config_kwargs, engine_kwargs, prompt):
     engine = ToyEngine(**engine_kwargs)
     prompt = [t % engine_kwargs["vocab_size"] for t in prompt]
-    config = SamplerConfig(**config_kwargs)
+    config = SamplerConfig(schedule="rounds", **config_kwargs)
     serial = run_recorded(engine, prompt, config.model_copy(update={"traversal": "serial"}))
     rounds = run_recorded(engine, prompt, config)
     streaming = run_recorded(engine, prompt, config.model_copy(update={"schedule": "streaming"}))
@@ -99,7 +99,7 @@ def test_forks_and_aborts_happen_and_aborted_requests_stop():
 def test_sample_and_sample_many_stream_on_the_toy():
     spec = ToyEngineSpec(vocab_size=32, logit_scale=3.0, eos_bias=-1.0)
     engine = spec.build()
-    configs = [SamplerConfig(block_size=12, num_blocks=2, mh_steps=6, prefetch_budget=6, seed=s) for s in range(4)]
+    configs = [SamplerConfig(block_size=12, num_blocks=2, mh_steps=6, prefetch_budget=6, seed=s, schedule="rounds") for s in range(4)]
     prompts = [[4, 5, 6 + s] for s in range(4)]
     rounds, _ = sample_many(engine, prompts, configs)
     streamed, accounting = sample_many(engine, prompts, [c.model_copy(update={"schedule": "streaming"}) for c in configs])

@@ -14,7 +14,7 @@ def test_prefetching_reproduces_the_serial_chain_on_a_real_model(vllm_engine):
     prompt = vllm_engine.tokenizer.encode("Give me one tip for learning to cook.")
     for seed in (0, 1):
         results = {
-            t: sample(vllm_engine, prompt, SamplerConfig(block_size=24, mh_steps=8, prefetch_budget=8, traversal=t, seed=seed))
+            t: sample(vllm_engine, prompt, SamplerConfig(block_size=24, mh_steps=8, prefetch_budget=8, traversal=t, seed=seed, schedule="rounds"))
             for t in ("serial", "bfs", "predictive")
         }
         serial = results["serial"]
@@ -29,7 +29,7 @@ def test_prefetching_reproduces_the_serial_chain_on_a_real_model(vllm_engine):
 def test_chains_share_calls_without_changing_samples(vllm_engine):
     tok = vllm_engine.tokenizer
     prompts = [tok.encode("Name a color."), tok.encode("Name an animal.")]
-    configs = [SamplerConfig(block_size=16, mh_steps=4, prefetch_budget=4, seed=s) for s in (3, 4)]
+    configs = [SamplerConfig(block_size=16, mh_steps=4, prefetch_budget=4, seed=s, schedule="rounds") for s in (3, 4)]
     together, accounting = sample_many(vllm_engine, prompts, configs)
     alone = [sample(vllm_engine, p, c) for p, c in zip(prompts, configs)]
     assert [r.token_ids for r in together] == [r.token_ids for r in alone]
@@ -42,7 +42,7 @@ def test_chains_share_calls_without_changing_samples(vllm_engine):
 )
 def test_variants_reproduce_their_serial_chain_on_a_real_model(vllm_engine, variant):
     prompt = vllm_engine.tokenizer.encode("Name a planet.")
-    base = SamplerConfig(block_size=12, mh_steps=5, prefetch_budget=9, seed=2, **variant)
+    base = SamplerConfig(block_size=12, mh_steps=5, prefetch_budget=9, seed=2, schedule="rounds", **variant)
     serial = sample(vllm_engine, prompt, base.model_copy(update={"traversal": "serial"}))
     for traversal in ("bfs", "predictive"):
         prefetched = sample(vllm_engine, prompt, base.model_copy(update={"traversal": traversal}))
