@@ -116,6 +116,36 @@ def format_report(rows: list[dict]) -> str:
     return format_table(rows, COLUMNS)
 
 
+def plot(rows: list[dict], path: str | Path) -> None:
+    """Speedup over serial and tokens relative to serial against K, rounds vs streaming per budget."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 2, figsize=(11, 7), sharex=True)
+    for col, fixed_length in enumerate((True, False)):
+        picked = [r for r in rows if r["fixed_length"] == fixed_length and r["schedule"] != "serial"]
+        for schedule, style in (("rounds", "--"), ("streaming", "-")):
+            for budget in sorted({r["prefetch_budget"] for r in picked}):
+                line = sorted((r for r in picked if r["schedule"] == schedule and r["prefetch_budget"] == budget), key=lambda r: r["mh_steps"])
+                ks = [r["mh_steps"] for r in line]
+                label = f"{schedule}, budget {budget}"
+                axes[0][col].plot(ks, [r["speedup_vs_serial"] for r in line], style, marker="o", label=label)
+                axes[1][col].plot(ks, [r["tokens_vs_serial"] for r in line], style, marker="o", label=label)
+        axes[0][col].set(title=f"{'fixed length' if fixed_length else 'with EOS'}: speedup over serial (decode steps)", xscale="log")
+        axes[1][col].set(title="tokens generated relative to serial", xlabel="MH steps K", xscale="log")
+    for ax in axes.flat:
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=8)
+    fig.suptitle("Serial vs rounds vs streaming on the toy's virtual clock (T = 96; virtual, not wall clock)")
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 # --- load: many chains on one device -------------------------------------------------------------
 DEVICES = {
     "gpu": {"step_cost": 1.0, "step_cost_per_sequence": 0.0, "max_running": 64},  # batch free up to 64

@@ -179,7 +179,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _bench_virtual_clock(args: argparse.Namespace) -> int:
-    from bench.virtual_clock import format_load_report, format_report, run_load_bench, run_virtual_clock_bench
+    from bench.virtual_clock import format_load_report, format_report, plot, run_load_bench, run_virtual_clock_bench
 
     out = args.out or "bench/results/virtual_clock.json"
     try:
@@ -189,9 +189,11 @@ def _bench_virtual_clock(args: argparse.Namespace) -> int:
     progress = lambda msg: print(msg, file=sys.stderr)  # noqa: E731
     rows = run_virtual_clock_bench(budgets=budgets, out_json=out, progress=progress)
     print(format_report(rows))
+    png = Path(out).with_suffix(".png")
+    plot(rows, png)
     load_out = str(Path(out).with_name(Path(out).stem + "_load.json"))
     print(format_load_report(run_load_bench(out_json=load_out, progress=progress)))
-    print(f"wrote {out} and {load_out}")
+    print(f"wrote {out}, {png} and {load_out}")
     return 0
 
 

@@ -64,3 +64,18 @@ def test_a_fork_point_reports_partial_tokens_that_are_final():
     final = drain(engine)[0].completion
     assert len(partial) == 4 and final.token_ids[:4] == partial
     assert engine.clock.decode_steps == 10  # waking cost no extra step
+
+
+def test_virtual_clock_bench_writes_rows_json_and_plot(tmp_path):
+    import json
+
+    from bench.virtual_clock import format_report, plot, run_virtual_clock_bench
+
+    rows = run_virtual_clock_bench(budgets=(4,), mh_steps=(4, 6), chains=2, out_json=tmp_path / "v.json", progress=lambda _: None)
+    keys = {"schedule", "prefetch_budget", "mh_steps", "fixed_length", "decode_steps", "serial_decode_steps",
+            "generated_tokens", "serial_generated_tokens", "same_as_serial"}  # fmt: skip
+    assert json.loads((tmp_path / "v.json").read_text()) == rows
+    assert all(keys <= row.keys() and row["same_as_serial"] for row in rows)
+    assert {row["schedule"] for row in rows} == {"serial", "rounds", "streaming"}
+    plot(rows, tmp_path / "v.png")
+    assert (tmp_path / "v.png").stat().st_size > 0 and "streaming" in format_report(rows)
