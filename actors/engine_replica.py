@@ -4,10 +4,16 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
+from collections import defaultdict
 from collections.abc import Sequence
 
 from actors.stream_protocol import ReplicaEvent, ReplicaEvents, ReplicaStart, StreamId
 from presto_ray.engines import CallAccounting, EngineOutput, EngineSpec, ProposalRequest, build_engine
+
+# A coordinator that has neither polled nor submitted for this long is gone (killed or restarted
+# under a new epoch): its streams are aborted and its undelivered events dropped.
+STALE_COORDINATOR_S = 30.0
 
 
 class EngineReplica:
@@ -16,8 +22,9 @@ class EngineReplica:
 
     vLLM calls overlap (its own scheduler batches them); the toy serves one call at a time, in a
     worker thread, like a device that runs one batch at once. Streams run on the engine's streaming
-    form (`Engine.streaming()`), named by the coordinator's `StreamId`s; the coordinator long-polls
-    `stream_events` for what happened to them.
+    form (`Engine.streaming()`), named by the coordinator's `StreamId`s; each coordinator long-polls
+    `stream_events` for what happened to its own streams (ids carry the coordinator's epoch), so
+    coordinators may share a replica.
     """
 
     def __init__(self, engine_spec: EngineSpec, replica_index: int) -> None:
@@ -26,8 +33,10 @@ class EngineReplica:
         self._stream_engine = None
         self._handles: dict[StreamId, int] = {}
         self._stream_ids: dict[int, StreamId] = {}
-        self._refused: list[ReplicaEvent] = []
-        self._work = asyncio.Event()
+        self._undelivered: dict[str, list[ReplicaEvent]] = defaultdict(list)  # by coordinator epoch
+        self._last_seen: dict[str, float] = {}  # epoch -> when it last polled or submitted
+        self._news = asyncio.Event()  # work submitted or events sorted: pollers look again
+        self._advancing = False  # one poller advances the engine at a time; the others wait for news
         self._reported = CallAccounting()
 
     def ready(self) -> dict:
@@ -50,15 +59,17 @@ class EngineReplica:
     async def stream_submit(self, starts: Sequence[ReplicaStart]) -> None:
         engine = self.streams
         for start in starts:
+            self._last_seen[start.stream_id[0]] = time.monotonic()
             try:
                 handle = engine.submit(start.request, start.priority)
             except Exception as error:  # refused (e.g. over the context): the chain fails with the reason
-                self._refused.append(ReplicaEvent(start.stream_id, 0, error=f"{type(error).__name__}: {error}"))
+                message = f"{type(error).__name__}: {error}"
+                self._undelivered[start.stream_id[0]].append(ReplicaEvent(start.stream_id, 0, error=message))
                 continue
             self._handles[start.stream_id], self._stream_ids[handle] = handle, start.stream_id
             for generated in start.wakes:
                 engine.wake_at(handle, generated)
-        self._work.set()
+        self._news.set()
 
     async def stream_wake(self, wakes: Sequence[tuple[StreamId, int]]) -> None:
         for stream_id, generated in wakes:
@@ -73,34 +84,65 @@ class EngineReplica:
                 del self._stream_ids[handle]
                 self.streams.abort(handle)
 
-    async def stream_events(self, timeout_s: float) -> ReplicaEvents:
-        """What happened to the streams since the last poll: waits (at most `timeout_s`) for something."""
+    async def stream_events(self, epoch: str, timeout_s: float) -> ReplicaEvents:
+        """What happened to coordinator `epoch`'s streams since its last poll: waits (at most
+        `timeout_s`) for something."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        self._last_seen[epoch] = time.monotonic()
+        self._abort_stale_coordinators()
         engine = self.streams
-        if not self._refused and not engine.busy:
-            self._work.clear()
+        while not self._undelivered.get(epoch) and (remaining := deadline - loop.time()) > 0:
+            if self._advancing or not engine.busy:
+                self._news.clear()
+                try:
+                    await asyncio.wait_for(self._news.wait(), remaining)
+                except asyncio.TimeoutError:
+                    pass
+                continue
+            self._advancing = True
             try:
-                await asyncio.wait_for(self._work.wait(), timeout_s)
-            except asyncio.TimeoutError:
-                pass
-        events, self._refused = self._refused, []
-        if engine.busy:
-            for event in await engine.next_events(timeout_s):
-                stream_id = self._stream_ids.get(event.handle)
-                if stream_id is None:
-                    continue
-                ended = event.completion is not None or event.error is not None
-                if ended:
-                    del self._stream_ids[event.handle], self._handles[stream_id]
-                error = None if event.error is None else f"{type(event.error).__name__}: {event.error}"
-                partial = None if ended else tuple(engine.partial_tokens(event.handle))
-                events.append(ReplicaEvent(stream_id, event.generated, partial, event.completion, error))
-        return ReplicaEvents(tuple(events), self._accounting_since_last_poll())
+                self._sort(await engine.next_events(remaining))
+            finally:
+                self._advancing = False
+                self._news.set()
+        return ReplicaEvents(tuple(self._undelivered.pop(epoch, ())), self._accounting_since_last_poll())
+
+    def _sort(self, events) -> None:
+        """File the engine's events under their coordinators; ended streams are forgotten."""
+        engine = self.streams
+        for event in events:
+            stream_id = self._stream_ids.get(event.handle)
+            if stream_id is None:
+                continue
+            ended = event.completion is not None or event.error is not None
+            if ended:
+                del self._stream_ids[event.handle], self._handles[stream_id]
+            error = None if event.error is None else f"{type(event.error).__name__}: {event.error}"
+            partial = None if ended else tuple(engine.partial_tokens(event.handle))
+            self._undelivered[stream_id[0]].append(ReplicaEvent(stream_id, event.generated, partial, event.completion, error))
+
+    def _abort_stale_coordinators(self) -> None:
+        now = time.monotonic()
+        stale = {epoch for epoch, seen in self._last_seen.items() if now - seen > STALE_COORDINATOR_S}
+        if not stale:
+            return
+        for epoch in stale:
+            del self._last_seen[epoch]
+            self._undelivered.pop(epoch, None)
+        orphans = [stream_id for stream_id in self._handles if stream_id[0] in stale]
+        for stream_id in orphans:
+            handle = self._handles.pop(stream_id)
+            del self._stream_ids[handle]
+            self.streams.abort(handle)
 
     def live_streams(self) -> int:
         """Streams submitted and neither ended nor aborted (tests: aborts leave nothing running)."""
         return len(self._handles)
 
     def _accounting_since_last_poll(self) -> CallAccounting:
+        """The engine's cost since the last poll by any coordinator (replicas shared by several
+        coordinators split it by who polls first)."""
         now = self.streams.accounting()
         delta = CallAccounting(**{name: getattr(now, name) - getattr(self._reported, name) for name in vars(now)})
         self._reported = now

@@ -218,7 +218,7 @@ class StreamRouter:
             if parked:
                 await self._send(parked)
             try:
-                reply = await self.replicas[i].stream_events.remote(POLL_TIMEOUT_S)
+                reply = await self.replicas[i].stream_events.remote(self.epoch, POLL_TIMEOUT_S)
             except RayActorError:
                 self._replica_lost(i)
                 continue
@@ -228,7 +228,7 @@ class StreamRouter:
                 stream = self.streams.get(event.stream_id)
                 if stream is None or stream.replica != i:
                     if not event.ended:
-                        orphans.append(event.stream_id)  # nobody wants it (e.g. a restarted coordinator's past)
+                        orphans.append(event.stream_id)  # dropped here while its event was on the way
                     continue
                 self._deliver(stream, event)
             if orphans:

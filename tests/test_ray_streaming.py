@@ -162,3 +162,35 @@ def test_an_actor_killed_mid_stream_replays_to_the_same_samples(ray_address, tmp
         job.shutdown()
     assert killed and summary.replayed_chains >= 1
     assert_serial_samples(tmp_path / "out", items, config)
+
+
+def test_two_coordinators_stream_through_one_replica(ray_address):
+    """Each coordinator polls only its own streams: sharing a replica loses and aborts nothing."""
+    from actors.cluster import SamplingCluster
+    from actors.coordinator import start_coordinator
+    from actors.stream_protocol import ChainActions
+    from presto_ray.chain import Chain
+
+    _, config = streaming_job(token_latency_s=0.002)
+    with SamplingCluster(config.engine, config.ray) as cluster:
+        other = start_coordinator(cluster.replicas, config.ray)
+        try:
+            chains = {c: Chain((5, 6, 7 + i), config.sampler.model_copy(update={"seed": i}), 0) for i, c in enumerate((cluster.coordinator, other))}
+            refs = {c: c.stream_open.remote("x", 4) for c in chains}
+            budgets = {c: ray.get(ref) for c, ref in refs.items()}
+            starts = {c: tuple(chain.start_requests(budgets[c])) for c, chain in chains.items()}
+            updates = {c: c.stream_exchange.remote("x", ChainActions(start=starts[c])) for c in chains}
+            seen = {c: set() for c in chains}
+            while any(len(seen[c]) < len(starts[c]) for c in chains):
+                for c in chains:
+                    if len(seen[c]) < len(starts[c]):
+                        update = ray.get(updates[c], timeout=60)
+                        seen[c].update(e.key for e in update.events if e.completion is not None)
+                        assert all(e.error is None for e in update.events)
+                        updates[c] = c.stream_exchange.remote("x", ChainActions()) if len(seen[c]) < len(starts[c]) else None
+            assert all(seen[c] == {s.key for s in starts[c]} for c in chains)  # every request ended, none lost
+            for c in chains:
+                snapshot = ray.get(c.snapshot.remote())
+                assert snapshot.counters.stream_aborts == 0
+        finally:
+            ray.kill(other, no_restart=True)
