@@ -17,10 +17,15 @@ def _fail(message: str) -> int:
 
 
 def _validation_message(error: ValidationError, source: str) -> str:
+    from presto_ray.config import error_text
+
     parts = []
     for e in error.errors():
-        field = ".".join(str(p) for p in e["loc"]) or "(root)"
-        parts.append(f"{field}: {e['msg']}")
+        field = ".".join(str(p) for p in e["loc"])
+        named = getattr((e.get("ctx") or {}).get("error"), "field", None)  # a cross-field rule's field
+        if named:
+            field = f"{field}.{named}" if field else named
+        parts.append(f"{field or '(root)'}: {error_text(e)}")
     return f"{source}: invalid configuration: " + "; ".join(parts)
 
 

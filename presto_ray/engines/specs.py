@@ -112,7 +112,8 @@ class VLLMEngineConfig(BaseModel):
 
     @property
     def context_length(self) -> int:
-        return self.max_model_len
+        # the scoring pass prefills prompt + prefix + completion and asks vLLM for one more token
+        return self.max_model_len - 1
 
     @property
     def gpus_per_replica(self) -> int:
