@@ -114,7 +114,7 @@ def _print_summary(summary, show: int) -> None:
 def _sample_on_ray(args: argparse.Namespace, items, config) -> int:
     """The same job on Ray: shards in a folder, resumable (see deployments/batch_job.py)."""
     try:
-        from deployments.batch_job import run_ray_job
+        from deployments.batch_job import JobFailed, run_ray_job
     except ImportError as e:
         return _fail(f"--ray needs Ray: pip install 'presto-ray[ray]' ({e})")
     from presto_ray.models import ModelProvisionError
@@ -139,8 +139,11 @@ def _sample_on_ray(args: argparse.Namespace, items, config) -> int:
         )
     except ModelProvisionError as e:
         return _fail(str(e))
-    except ValueError as e:  # e.g. the output folder holds another configuration's samples
+    except ValueError as e:  # the output folder holds other inputs' samples, or another job writes there
         return _fail(str(e))
+    except JobFailed as e:  # not the user's input: exit 1, one line (the cause is chained for debugging)
+        print(f"presto-ray: job failed: {e}", file=sys.stderr)
+        return 1
     print(f"wrote {len(summary.rows)} samples to {out}/ ({summary.skipped + summary.samples} in all)")
     _print_summary(summary, args.show)
     return 0
