@@ -94,3 +94,45 @@ def test_a_request_at_the_context_limit_is_scored_and_one_token_more_is_refused(
     over = ProposalRequest(tuple(filler) + (filler[0],), (), max_new, 1.0, seed=1, stop_at_eos=False)
     with pytest.raises(ValueError, match="scoring pass"):
         vllm_engine.validate(over)
+
+
+SHUTDOWN_SCRIPT = """
+import time
+
+from presto_ray import SamplerConfig, sample
+from presto_ray.engines.vllm_engine import VLLMEngine
+
+if __name__ == "__main__":
+    engine = VLLMEngine()
+    sample(engine, engine.tokenizer.encode("Say hi."), SamplerConfig(block_size=4, mh_steps=1, prefetch_budget=1))
+    core = engine._llm.engine_core
+    stop_core = core.shutdown
+
+    def slow_core_shutdown(*args, **kwargs):  # a busy machine: the loop runs before AsyncLLM cancels its handler
+        stop_core(*args, **kwargs)
+        time.sleep(1.0)
+
+    core.shutdown = slow_core_shutdown
+    engine.shutdown()
+    print("shut down", flush=True)
+"""
+
+
+def test_a_clean_run_shuts_vllm_down_without_a_traceback(tmp_path):
+    """AsyncLLM.shutdown stops the engine core before it cancels its output handler; when the loop
+    runs in between (a busy machine; `make sample` did every time), the handler logged the dead
+    core's EngineDeadError with a traceback. The engine cancels the handler first: nothing to log.
+    A fresh engine in its own process (the shared one must stay up), with that window held open."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = tmp_path / "shutdown.py"
+    script.write_text(SHUTDOWN_SCRIPT)
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": f"{root}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and "shut down" in proc.stdout, output[-3000:]
+    assert "Traceback" not in output and "EngineDeadError" not in output, output[-3000:]

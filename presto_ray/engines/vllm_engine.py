@@ -283,11 +283,22 @@ class VLLMEngine:
     # --- lifecycle -------------------------------------------------------------------------
     def shutdown(self) -> None:
         if getattr(self, "_llm", None) is not None:
+            # AsyncLLM.shutdown stops the engine core first and cancels its output handler last:
+            # in between, the handler reads the dead core's EngineDeadError and logs it with a
+            # traceback. Cancelling the handler first (on its own loop) leaves nothing to report.
+            if self._loop.is_running():
+                self._run(self._stop_output_handler())
             self._llm.shutdown()
             self._llm = None
         if self._loop.is_running():
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout=10)
+
+    async def _stop_output_handler(self) -> None:
+        handler = getattr(self._llm, "output_handler", None)
+        if handler is not None and not handler.done():
+            handler.cancel()
+            await asyncio.gather(handler, return_exceptions=True)
 
     def __enter__(self) -> "VLLMEngine":
         return self
