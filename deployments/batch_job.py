@@ -6,7 +6,10 @@
 The driver tokenizes the prompts, starts engine replicas, the coordinator and a pool of chain
 actors, then keeps `max_active_chains` (prompt, chain) pairs running: each finished sample is
 decoded and appended to the current shard. A chain whose actor died is submitted again and replays
-the same sample from its keyed randomness; pairs already in the output folder are skipped.
+the same sample from its keyed randomness; pairs already in the output folder are skipped when
+their resume key (a hash of the prompt, the engine and model, the sampler config and the seed)
+still matches, and refused with a message when it does not. One job writes to a folder at a time
+(`OutputLock`).
 """
 
 from __future__ import annotations
@@ -25,14 +28,19 @@ from actors.cluster import SamplingCluster
 from actors.stream_protocol import StreamLost
 from actors.coordinator_stats import CoordinatorSnapshot
 from presto_ray.engines import build_tokenizer
-from presto_ray.job import JobConfig, JobSummary, encode_prompt, prompt_seed
-from presto_ray.output import ShardedParquet, sample_row
+from presto_ray.job import JobConfig, JobSummary, encode_prompt, engine_identity, input_fingerprint, prompt_seed
+from presto_ray.output import OutputLock, ShardedParquet, sample_row
 from presto_ray.prompts import PromptItem
 
 # A chain replayed this many times is failing for a reason a restart does not fix.
 MAX_CHAIN_ATTEMPTS = 5
 # How long a dead coordinator may take to come back before the job gives up.
 COORDINATOR_RESTART_TIMEOUT_S = 120.0
+
+
+class JobFailed(RuntimeError):
+    """The job cannot go on (its coordinator is gone for good, a chain keeps failing); the message
+    is one line for the user, the cause stays chained for whoever debugs it."""
 
 
 class RayJob:
@@ -47,6 +55,8 @@ class RayJob:
         """`replicas`: running engine replicas to use (and leave running); None starts the job's own."""
         self.items, self.config = items, config
         self.writer = ShardedParquet(out_dir, config.ray.shard_rows, config.ray.shard_interval_s)
+        self.lock = OutputLock(out_dir)
+        self._inputs: dict[tuple[str, int], str] = {}  # each pair's resume key
         self.sampler_json = config.sampler.model_dump_json()
         self.tokenizer = build_tokenizer(config.engine)
         self.cluster = SamplingCluster(config.engine, config.ray, address=address, replicas=replicas)
@@ -64,14 +74,25 @@ class RayJob:
     def pending_work(self) -> tuple[list[ChainWork], int]:
         """The pairs still to sample, and how many the output folder already holds."""
         done = self.writer.finished(self.sampler_json)
-        work = []
+        engine = engine_identity(self.config.engine)
+        work, changed = [], []
         for item in self.items:
             prompt = tuple(encode_prompt(self.tokenizer, item))
             for chain in range(self.config.chains_per_prompt):
-                if (item.id, chain) in done:
-                    continue
                 seed = prompt_seed(self.config.sampler.seed, item.id, chain)
-                work.append(ChainWork((item.id, chain), prompt, self.config.sampler.model_copy(update={"seed": seed})))
+                config = self.config.sampler.model_copy(update={"seed": seed})
+                key = self._inputs[(item.id, chain)] = input_fingerprint(engine, config, item, prompt, chain)
+                if (item.id, chain) in done:
+                    if done[(item.id, chain)] not in (None, key):  # None: a shard from before resume keys
+                        changed.append(f"{item.id}#{chain}")
+                    continue
+                work.append(ChainWork((item.id, chain), prompt, config))
+        if changed:
+            raise ValueError(
+                f"{self.writer.directory} holds {len(changed)} samples whose inputs changed since they were drawn "
+                f"(the prompt's text, the engine or model, or the sampler config), e.g. {', '.join(changed[:3])}; "
+                "write to a new output folder, or remove it to sample them again"
+            )
         return work, len(self.items) * self.config.chains_per_prompt - len(work)
 
     def start(self) -> None:
@@ -84,16 +105,20 @@ class RayJob:
     def run(self, on_sample: Callable[[dict], None] | None = None, on_start: Callable[[int, int], None] | None = None) -> JobSummary:
         """Sample every pending pair; `on_start(pending, skipped)` is called before the first chain."""
         start = time.perf_counter()
-        work, skipped = self.pending_work()
-        if on_start:
-            on_start(len(work), skipped)
-        summary = JobSummary(skipped=skipped)
-        if work and not self._started:
-            self.start()
+        self.lock.acquire()  # before reading what is done: a second live writer is refused here
         try:
-            self._run_pending(work, summary, on_sample)
+            work, skipped = self.pending_work()
+            if on_start:
+                on_start(len(work), skipped)
+            summary = JobSummary(skipped=skipped)
+            if work and not self._started:
+                self.start()
+            try:
+                self._run_pending(work, summary, on_sample)
+            finally:
+                self.writer.flush()  # finished samples reach disk even when the job fails
         finally:
-            self.writer.flush()  # finished samples reach disk even when the job fails
+            self.lock.release()
         if self._started:
             snapshot = self.cluster.snapshot()  # calls are shared by chains: count them here
             summary.engine, summary.resent_requests = snapshot.accounting, snapshot.counters.resent_requests
@@ -120,17 +145,22 @@ class RayJob:
                 item = running.pop(ref)
                 try:
                     result = ray.get(ref)
-                except (RayActorError, StreamLost):
+                except (RayActorError, StreamLost) as e:
                     # the chain's actor or the coordinator died (Ray restarts it): replay the
                     # chain from its keys once the coordinator answers again
                     attempts[item.chain_id] = attempts.get(item.chain_id, 0) + 1
                     if attempts[item.chain_id] >= MAX_CHAIN_ATTEMPTS:
-                        raise
+                        raise JobFailed(
+                            f"chain {item.chain_id[0]}#{item.chain_id[1]} failed {MAX_CHAIN_ATTEMPTS} times as its "
+                            "actor or the coordinator died; finished samples are on disk, rerun to resume"
+                        ) from e
                     summary.replayed_chains += 1
                     queue.appendleft(item)
                     self._wait_for_coordinator()
                     continue
-                row = sample_row(*item.chain_id, item.config.seed, result, self.tokenizer, self.sampler_json)
+                row = sample_row(
+                    *item.chain_id, item.config.seed, result, self.tokenizer, self.sampler_json, self._inputs[item.chain_id]
+                )
                 summary.add_result(row, result)
                 self.writer.add(row)
                 if on_sample:
@@ -145,9 +175,13 @@ class RayJob:
             try:
                 ray.get(self.coordinator.snapshot.remote(), timeout=10)
                 return
-            except (RayActorError, GetTimeoutError):
+            except (RayActorError, GetTimeoutError) as e:
                 if time.monotonic() > deadline:
-                    raise
+                    raise JobFailed(
+                        f"the coordinator died and did not come back within {COORDINATOR_RESTART_TIMEOUT_S:g} s "
+                        f"(it had used up ray.coordinator_max_restarts = {self.config.ray.coordinator_max_restarts}, "
+                        "or its node is gone); finished samples are on disk, rerun to resume"
+                    ) from e
                 time.sleep(0.2)
 
     def snapshot(self) -> CoordinatorSnapshot | None:

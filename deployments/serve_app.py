@@ -3,8 +3,9 @@
     presto-ray serve --config configs/local.yaml          # http://127.0.0.1:8000/v1
     serve run deployments/serve_config.yaml               # the same application, Serve's way
 
-Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health, and
-GET /v1/stats (the coordinator's counters). Each request runs `n` chains as coroutines in the
+Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health,
+GET /v1/stats (the coordinator's counters), and the API docs (GET /docs, /redoc, /openapi.json;
+behind the bearer token like every route but /health). Each request runs `n` chains as coroutines in the
 ingress; their requests go to the one coordinator (shared by every concurrent request, so their
 calls merge) and from there to the engine replicas.
 
@@ -19,6 +20,7 @@ import asyncio
 import os
 
 from fastapi import FastAPI, Request
+from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
 from fastapi.responses import JSONResponse, StreamingResponse
 from ray import serve
 
@@ -30,19 +32,28 @@ from presto_ray.job import JobConfig
 from presto_ray.openai_api import (
     ApiError,
     Prepared,
+    check_api_key,
+    check_content_type,
     choice_from_result,
     completion_response,
     done_chunk,
     error_event,
+    internal_error,
     models_body,
     prepare,
     progress_chunk,
-    sampling_failed,
     stats_body,
 )
 from presto_ray.serve_config import API_KEY_ENV
 
-api = FastAPI(title="presto-ray", description="Exact power sampling, OpenAI-compatible.")
+# FastAPI's own docs routes cannot see the API key: the ingress serves them itself, behind it
+api = FastAPI(
+    title="presto-ray",
+    description="Exact power sampling, OpenAI-compatible.",
+    docs_url=None,
+    redoc_url=None,
+    openapi_url=None,
+)
 
 
 def _model_name(config: JobConfig) -> str:
@@ -52,7 +63,7 @@ def _model_name(config: JobConfig) -> str:
 # above the deployment: Serve pickles the class by value when it is decorated, with the
 # module-level names that exist at that point
 def _error_response(error: ApiError) -> JSONResponse:
-    return JSONResponse(error.body(), error.status)
+    return JSONResponse(error.body(), error.status, headers=error.headers)
 
 
 @serve.deployment(ray_actor_options={"num_cpus": 0}, max_ongoing_requests=1024)
@@ -84,7 +95,28 @@ class PrestoIngress:
     async def stats(self, request: Request):
         if denied := self._denied(request):
             return denied
-        return stats_body(await self.coordinator.snapshot.remote())
+        try:
+            return stats_body(await self.coordinator.snapshot.remote())
+        except Exception as e:  # the coordinator is restarting: no internals in the answer
+            return _error_response(internal_error(e))
+
+    @api.get("/openapi.json")
+    async def openapi(self, request: Request):
+        if denied := self._denied(request):
+            return denied
+        return JSONResponse(api.openapi())
+
+    @api.get("/docs")
+    async def docs(self, request: Request):
+        if denied := self._denied(request):
+            return denied
+        return get_swagger_ui_html(openapi_url=f"{request.scope.get('root_path', '')}/openapi.json", title="presto-ray")
+
+    @api.get("/redoc")
+    async def redoc(self, request: Request):
+        if denied := self._denied(request):
+            return denied
+        return get_redoc_html(openapi_url=f"{request.scope.get('root_path', '')}/openapi.json", title="presto-ray")
 
     @api.post("/v1/completions")
     async def completions(self, request: Request):
@@ -97,7 +129,14 @@ class PrestoIngress:
     # --- one request ---------------------------------------------------------------------
     async def _handle(self, request: Request, chat: bool):
         try:
+            return await self._answer(request, chat)
+        except Exception as e:  # a bug or a dead engine, never the client's input: no internals in the body
+            return _error_response(internal_error(e))
+
+    async def _answer(self, request: Request, chat: bool):
+        try:
             self._authorize(request)
+            check_content_type(request.headers.get("content-type"))
             prepared = prepare(
                 await self._read(request),
                 chat,
@@ -118,7 +157,7 @@ class PrestoIngress:
         try:
             results = await asyncio.gather(*(drive_chain(self.coordinator, cid, c) for cid, c in zip(ids, chains)))
         except Exception as e:  # an engine failure: this request fails, the service keeps serving
-            return _error_response(sampling_failed(e))
+            return _error_response(internal_error(e, prepared.id))
         return completion_response(prepared, [self._choice(prepared, i, r) for i, r in enumerate(results)])
 
     async def _stream(self, prepared: Prepared, chains: list[Chain], ids: list[tuple[str, int]]):
@@ -133,7 +172,7 @@ class PrestoIngress:
                 result = await drive_chain(self.coordinator, ids[i], chains[i], on_round=progress)
                 await events.put(done_chunk(prepared, self._choice(prepared, i, result)))
             except Exception as e:
-                await events.put(error_event(e))
+                await events.put(error_event(e, prepared.id))
             finally:
                 await events.put(None)  # this chain is over
 
@@ -163,8 +202,7 @@ class PrestoIngress:
         return None
 
     def _authorize(self, request: Request) -> None:
-        if self.api_key and request.headers.get("authorization") != f"Bearer {self.api_key}":
-            raise ApiError(401, "missing or wrong API key: send 'Authorization: Bearer <key>'", None, "invalid_api_key")
+        check_api_key(request.headers.get("authorization"), self.api_key)
 
     async def _read(self, request: Request) -> bytes:
         limit = self.settings.max_body_bytes

@@ -17,10 +17,15 @@ def _fail(message: str) -> int:
 
 
 def _validation_message(error: ValidationError, source: str) -> str:
+    from presto_ray.config import error_text
+
     parts = []
     for e in error.errors():
-        field = ".".join(str(p) for p in e["loc"]) or "(root)"
-        parts.append(f"{field}: {e['msg']}")
+        field = ".".join(str(p) for p in e["loc"])
+        named = getattr((e.get("ctx") or {}).get("error"), "field", None)  # a cross-field rule's field
+        if named:
+            field = f"{field}.{named}" if field else named
+        parts.append(f"{field or '(root)'}: {error_text(e)}")
     return f"{source}: invalid configuration: " + "; ".join(parts)
 
 
@@ -102,7 +107,7 @@ def _print_summary(summary, show: int) -> None:
 def _sample_on_ray(args: argparse.Namespace, items, config) -> int:
     """The same job on Ray: shards in a folder, resumable (see deployments/batch_job.py)."""
     try:
-        from deployments.batch_job import run_ray_job
+        from deployments.batch_job import JobFailed, run_ray_job
     except ImportError as e:
         return _fail(f"--ray needs Ray: pip install 'presto-ray[ray]' ({e})")
     from presto_ray.models import ModelProvisionError
@@ -127,8 +132,11 @@ def _sample_on_ray(args: argparse.Namespace, items, config) -> int:
         )
     except ModelProvisionError as e:
         return _fail(str(e))
-    except ValueError as e:  # e.g. the output folder holds another configuration's samples
+    except ValueError as e:  # the output folder holds other inputs' samples, or another job writes there
         return _fail(str(e))
+    except JobFailed as e:  # not the user's input: exit 1, one line (the cause is chained for debugging)
+        print(f"presto-ray: job failed: {e}", file=sys.stderr)
+        return 1
     print(f"wrote {len(summary.rows)} samples to {out}/ ({summary.skipped + summary.samples} in all)")
     _print_summary(summary, args.show)
     return 0

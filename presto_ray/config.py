@@ -11,17 +11,45 @@ ScheduleKind = Literal["rounds", "streaming"]
 SamplerKind = Literal["power_mh", "entropy_cut", "multi_try"]
 
 MAX_PREFETCH_BUDGET = 4096
+# alpha above this is greedy decoding for every practical purpose, and alpha * log p0 stays far
+# from float overflow; tau below the floor makes q_tau a one-hot that underflows to log q = -inf
+MAX_ALPHA = 1000.0
+MIN_PROPOSAL_TEMPERATURE = 1.0 / MAX_ALPHA
+
+
+class ConfigFieldError(ValueError):
+    """A cross-field rule broken, with the field a user should change (pydantic keeps the
+    exception in the error's ctx, so HTTP and CLI messages can name the field, not the model)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+def error_field(error: dict) -> str | None:
+    """The field one pydantic error is about: its location, or a ConfigFieldError's field."""
+    if error.get("loc"):
+        return ".".join(str(p) for p in error["loc"])
+    return getattr((error.get("ctx") or {}).get("error"), "field", None)
+
+
+def error_text(error: dict) -> str:
+    """One pydantic error's message without pydantic's "Value error, " prefix."""
+    return error["msg"].removeprefix("Value error, ")
 
 
 class SamplerConfig(BaseModel):
     """How one power-sampling chain runs. Unknown fields are rejected."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # finite floats only: Infinity, NaN and 1e400 are refused by every field, from any source
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
-    alpha: float = Field(4.0, ge=1.0, description="Power exponent of the target p0(x)**alpha (>= 1).")
+    alpha: float = Field(
+        4.0, ge=1.0, le=MAX_ALPHA, description=f"Power exponent of the target p0(x)**alpha, in [1, {MAX_ALPHA:g}]."
+    )
     proposal_temperature: float | None = Field(
-        None, gt=0.0, le=10.0,
-        description="Temperature tau of the proposal q_tau; None means 1/alpha.",
+        None, ge=MIN_PROPOSAL_TEMPERATURE, le=10.0,
+        description=f"Temperature tau of the proposal q_tau, in [{MIN_PROPOSAL_TEMPERATURE:g}, 10]; None means 1/alpha.",
     )
     block_size: int = Field(64, ge=1, le=1_000_000, description="Tokens added per block (B).")
     num_blocks: int = Field(1, ge=1, le=10_000, description="Number of blocks; horizon of block l is l*B.")
@@ -60,7 +88,7 @@ class SamplerConfig(BaseModel):
     )
     refit_every: int = Field(32, ge=1, description="Observed edges between two refits.")
     predictor_prior_strength: float = Field(
-        64.0, ge=0.0, description="Weight, in pseudo-edges, of the paper's fit when refitting."
+        64.0, ge=0.0, le=1e9, description="Weight, in pseudo-edges, of the paper's fit when refitting."
     )
     min_expected_gain: float = Field(
         0.0, ge=0.0, lt=1.0,
@@ -71,9 +99,10 @@ class SamplerConfig(BaseModel):
     @model_validator(mode="after")
     def _check_horizon(self) -> "SamplerConfig":
         if self.horizon > 10_000_000:
-            raise ValueError("block_size * num_blocks must be at most 10,000,000 tokens")
+            raise ConfigFieldError("num_blocks", "block_size * num_blocks must be at most 10,000,000 tokens")
         if self.sampler == "multi_try" and self.traversal != "serial" and self.prefetch_budget < self.num_tries:
-            raise ValueError(
+            raise ConfigFieldError(
+                "prefetch_budget",
                 f"prefetch_budget ({self.prefetch_budget}) must be at least num_tries ({self.num_tries}): "
                 "one MultiTryMH step needs num_tries requests"
             )

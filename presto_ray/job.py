@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,6 +55,26 @@ def prompt_seed(job_seed: int, prompt_id: str, chain: int) -> int:
     """A chain's seed depends on the prompt's id, not its position, so reruns are stable."""
     digest = int.from_bytes(hashlib.sha256(prompt_id.encode()).digest()[:8], "little")
     return derive_seed(job_seed, digest & 0xFFFFFFFF, digest >> 32, chain)
+
+
+def engine_identity(spec: EngineSpec) -> str:
+    """The engine and model as the samples see them, as canonical JSON (computed once per job)."""
+    return json.dumps(spec.sample_identity(), sort_keys=True)
+
+
+def input_fingerprint(engine: str, sampler: SamplerConfig, item: PromptItem, prompt_ids, chain: int) -> str:
+    """A sample's resume key: a hash of everything it depends on (the prompt as written and as
+    tokenized, the engine and model, the chain's sampler config with its seed, the chain index).
+    A rerun whose inputs changed for a finished pair sees another key, never the stale sample."""
+    content = {
+        "prompt": item.prompt,
+        "messages": list(item.messages) if item.messages is not None else None,
+        "prompt_ids": list(prompt_ids),
+        "engine": engine,
+        "sampler": sampler.model_dump(mode="json"),
+        "chain": chain,
+    }
+    return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()
 
 
 @dataclass
@@ -122,12 +143,19 @@ def run_job(
     work = [(item, chain) for item in items for chain in range(config.chains_per_prompt)]
     encoded = {item.id: encode_prompt(tokenizer, item) for item in items}
     seeds = [prompt_seed(config.sampler.seed, item.id, chain) for item, chain in work]
+    configs = [config.sampler.model_copy(update={"seed": seed}) for seed in seeds]
+    engine_key = engine_identity(config.engine)
+    fingerprints = [
+        input_fingerprint(engine_key, c, item, encoded[item.id], chain) for (item, chain), c in zip(work, configs)
+    ]
     summary = JobSummary()
     rows: list[dict | None] = [None] * len(work)
 
     def on_result(index: int, result) -> None:
         item, chain = work[index]
-        rows[index] = row = sample_row(item.id, chain, seeds[index], result, tokenizer, sampler_json)
+        rows[index] = row = sample_row(
+            item.id, chain, seeds[index], result, tokenizer, sampler_json, fingerprints[index]
+        )
         summary.add_result(row, result)
         if on_sample:
             on_sample(row)
@@ -135,7 +163,7 @@ def run_job(
     _, accounting = sample_many(
         engine,
         [encoded[item.id] for item, _ in work],
-        [config.sampler.model_copy(update={"seed": seed}) for seed in seeds],
+        configs,
         max_active_chains=config.max_active_chains,
         on_result=on_result,
     )

@@ -77,8 +77,8 @@ class Transition:
 
 def _log_sum_exp(values: Sequence[float]) -> float:
     peak = max(values)
-    if peak == -math.inf:
-        return -math.inf
+    if math.isinf(peak):  # -inf: every weight is 0; +inf: one weight dominates (inf - inf would be nan)
+        return peak
     return peak + math.log(sum(math.exp(v - peak) for v in values))
 
 
@@ -106,10 +106,23 @@ class PowerMHKernel:
     def log_accept_ratio(self, state: ChainState, cut: int, proposal: Completion) -> float:
         return self._log_ratio(state, cut, proposal, state.replace_suffix(cut, proposal))
 
+    def log_weight_difference(self, forward: tuple[float, float], backward: tuple[float, float]) -> float:
+        """log w(forward) - log w(backward) for (log p0 sum, log q sum) pairs, without overflow.
+
+        The weights are subtracted as they are (so every ratio that did not overflow keeps its
+        exact floating-point value); when alpha * log p0 overflowed to the same infinity on both
+        sides (inf - inf = nan), the sums are subtracted first. A difference still undefined
+        (both suffixes impossible under p0) is a rejection.
+        """
+        difference = self.log_weight(*forward) - self.log_weight(*backward)
+        if math.isnan(difference):
+            difference = self.alpha * (forward[0] - backward[0]) - (forward[1] - backward[1])
+        return -math.inf if math.isnan(difference) else difference
+
     def _log_ratio(self, state: ChainState, cut: int, proposal: Completion, candidate: ChainState) -> float:
-        forward = self.log_weight(float(proposal.logp0.sum()), float(proposal.logq.sum()))
-        backward = self.log_weight(state.suffix_logp0(cut), state.suffix_logq(cut))
-        return forward - backward + self.cut_correction(state, cut, candidate)
+        forward = (float(proposal.logp0.sum()), float(proposal.logq.sum()))
+        backward = (state.suffix_logp0(cut), state.suffix_logq(cut))
+        return self.log_weight_difference(forward, backward) + self.cut_correction(state, cut, candidate)
 
     def transition(self, state: ChainState, cut: int, proposals: Sequence[Completion], keys) -> Transition:
         candidate = state.replace_suffix(cut, proposals[0])
@@ -139,7 +152,8 @@ class MultiTryKernel(PowerMHKernel):
         candidate = state.replace_suffix(cut, proposals[selected])
         current = self.log_weight(state.suffix_logp0(cut), state.suffix_logq(cut))
         reverse = _log_sum_exp([w for i, w in enumerate(weights) if i != selected] + [current])
-        log_ratio = total - reverse + self.cut_correction(state, cut, candidate)
+        log_ratio = total - reverse
+        log_ratio = (-math.inf if math.isnan(log_ratio) else log_ratio) + self.cut_correction(state, cut, candidate)
         accepted = math.log(keys.accept_uniform) < log_ratio
         return Transition(candidate if accepted else state, log_ratio, accepted)
 

@@ -17,13 +17,20 @@ Mapping to power sampling:
   - `alpha`, `mh_steps`, `prefetch_budget`, `traversal`, `sampler` are accepted in the body, so
     the openai client's `extra_body` reaches them.
   - Fields that would change the law or that power sampling cannot honour (`logprobs`, `stop`,
-    `echo`, `suffix`, `logit_bias`, `best_of`, tools, non-neutral `top_p` or penalties) are
-    rejected with a message naming them, never silently ignored.
+    `echo`, `suffix`, `logit_bias`, `best_of`, tools, `top_k`, `min_p`, non-neutral `top_p` or
+    penalties) are rejected with a message naming them, never silently ignored; so is any field
+    this API does not know (a typo such as `mh_step`). Their neutral values (`best_of: 1`,
+    `tools: []`, `logprobs: 0`, ...) pass.
+  - Transport rules live here too, as pure functions the ingress calls: the bearer token
+    (`check_api_key`), the content type (`check_content_type`), and the body of a 500, which never
+    carries internals (`internal_error`: the details go to the server log under an error id).
 """
 
 from __future__ import annotations
 
+import hmac
 import json
+import logging
 import math
 import random
 import time
@@ -33,21 +40,29 @@ from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_serializer
 
-from presto_ray.config import SamplerConfig
+from presto_ray.config import MAX_ALPHA, SamplerConfig, error_field, error_text
 from presto_ray.engines.base import FinishReason, Tokenizer
 from presto_ray.keys import derive_seed
+from presto_ray.prompts import ChatRole, unencodable_text
 from presto_ray.results import SampleResult, SampleStats
 from presto_ray.serve_config import ServeSettings
 
 if TYPE_CHECKING:  # the coordinator lives in the Ray layer; this module only reads its snapshot
     from actors.coordinator_stats import CoordinatorSnapshot
 
-UNSUPPORTED_FIELDS = (
-    "logprobs", "top_logprobs", "echo", "suffix", "stop", "logit_bias", "best_of",
-    "tools", "tool_choice", "functions", "function_call", "response_format",
-)  # fmt: skip
+# OpenAI (and vLLM) fields power sampling cannot honour, each with the values that ask for nothing
+# and so may pass (an SDK or a proxy often sends them); any other value is a 400 naming the field
+UNSUPPORTED_FIELDS: dict[str, tuple] = {
+    "logprobs": (False, 0), "top_logprobs": (0,), "echo": (False,), "suffix": ("",), "stop": ([],),
+    "logit_bias": ({},), "best_of": (1,), "tools": ([],), "tool_choice": ("none",), "functions": ([],),
+    "function_call": ("none",), "response_format": ({"type": "text"},), "parallel_tool_calls": (False,),
+    "top_k": (0, -1), "min_p": (0, 0.0), "repetition_penalty": (1, 1.0),
+}  # fmt: skip
 NEUTRAL_VALUES = {"top_p": 1.0, "frequency_penalty": 0.0, "presence_penalty": 0.0}
 DRAWN_SEED_BOUND = 2**31  # a seed the service draws stays short enough to copy by hand
+MIN_TEMPERATURE = 1.0 / MAX_ALPHA  # temperature t means alpha = 1/t
+
+log = logging.getLogger("presto_ray.serve")
 
 
 # --- errors ----------------------------------------------------------------------------------
@@ -65,9 +80,17 @@ class ErrorResponse(BaseModel):
 class ApiError(Exception):
     """An error with its HTTP status and an OpenAI-style body naming the offending field."""
 
-    def __init__(self, status: int, message: str, param: str | None = None, kind: str = "invalid_request_error"):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        kind: str = "invalid_request_error",
+        headers: dict[str, str] | None = None,
+    ):
         super().__init__(message)
         self.status, self.message, self.param, self.kind = status, message, param, kind
+        self.headers = headers or {}
 
     def response(self) -> ErrorResponse:
         return ErrorResponse(error=ErrorDetail(message=self.message, type=self.kind, param=self.param))
@@ -76,15 +99,45 @@ class ApiError(Exception):
         return self.response().model_dump()
 
 
-def sampling_failed(error: Exception) -> ApiError:
-    """An engine failure: this request fails with 500, the service keeps serving."""
-    return ApiError(500, f"sampling failed: {error}", None, "server_error")
+def internal_error(error: BaseException, request_id: str | None = None) -> ApiError:
+    """A failure that is not the client's: logged here in full under an error id, answered with a
+    500 that carries only that id (a traceback shows paths, hosts, pids and actor ids)."""
+    error_id = f"err-{uuid.uuid4().hex[:16]}"
+    log.error("%s (request %s): %s", error_id, request_id or "-", type(error).__name__, exc_info=error)
+    return ApiError(500, f"internal server error; the server log has its details under {error_id}", None, "server_error")
+
+
+
+def check_api_key(authorization: str | None, api_key: str | None) -> None:
+    """`Authorization: Bearer <key>` when the service has a key: the scheme in any case (RFC 7235),
+    the key compared in constant time. 401 with `WWW-Authenticate: Bearer` otherwise."""
+    if not api_key:
+        return
+    scheme, _, token = (authorization or "").strip().partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), api_key.encode()):
+        raise ApiError(
+            401,
+            "missing or wrong API key: send 'Authorization: Bearer <key>'",
+            None,
+            "invalid_api_key",
+            {"WWW-Authenticate": 'Bearer realm="presto-ray"'},
+        )
+
+
+def check_content_type(content_type: str | None) -> None:
+    """POST bodies must say they are JSON: a browser form (urlencoded, multipart, text/plain) could
+    otherwise start sampling cross-origin without a CORS preflight."""
+    media_type = (content_type or "").split(";", 1)[0].strip().lower()
+    if media_type != "application/json":
+        shown = media_type or "none"
+        raise ApiError(415, f"Content-Type must be application/json (got {shown})", None, "invalid_request_error")
 
 
 # --- requests --------------------------------------------------------------------------------
 class _Request(BaseModel):
-    # strict: "3" is not a number and 1 is not a bool; unknown fields are checked by hand
-    model_config = ConfigDict(extra="allow", strict=True)
+    # strict: "3" is not a number and 1 is not a bool; finite: Infinity, NaN and 1e400 are refused;
+    # unknown fields are checked by hand (to name them, and to let neutral values of unsupported ones pass)
+    model_config = ConfigDict(extra="allow", strict=True, allow_inf_nan=False)
 
     model: str | None = None
     max_tokens: int | None = Field(None, ge=1)
@@ -112,7 +165,7 @@ class CompletionRequest(_Request):
 
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="ignore", strict=True)
-    role: Literal["system", "user", "assistant"]
+    role: ChatRole
     content: str
 
 
@@ -169,6 +222,8 @@ def parse_request(raw: bytes, model: type[_Request], max_bytes: int) -> _Request
         data = json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ApiError(400, f"malformed JSON body: {e}") from None
+    except RecursionError:
+        raise ApiError(400, "malformed JSON body: nested too deeply") from None
     if not isinstance(data, dict):
         raise ApiError(400, "the body must be a JSON object")
     try:
@@ -177,10 +232,15 @@ def parse_request(raw: bytes, model: type[_Request], max_bytes: int) -> _Request
         first = e.errors()[0]
         param = str(first["loc"][0]) if first["loc"] else None  # the top-level field, as OpenAI names it
         where = ".".join(str(p) for p in first["loc"] if isinstance(p, int) or p in ("role", "content") or p == param)
-        raise ApiError(400, f"{where or 'body'}: {first['msg']}", param) from None
-    for name in UNSUPPORTED_FIELDS:
-        if data.get(name) not in (None, False):
-            raise ApiError(400, f"{name} is not supported by power sampling", name)
+        raise ApiError(400, f"{where or 'body'}: {error_text(first)}", param) from None
+    except RecursionError:  # a nested value pydantic walks (stream_options) deeper than the stack
+        raise ApiError(400, "the body is nested too deeply") from None
+    for name, value in (request.model_extra or {}).items():
+        if name not in UNSUPPORTED_FIELDS:
+            raise ApiError(400, f"unknown field {name!r}: this API does not know it (is it misspelled?)", name)
+        if value is not None and not any(type(value) is type(n) and value == n for n in UNSUPPORTED_FIELDS[name]):
+            neutral = " or ".join(json.dumps(n) for n in UNSUPPORTED_FIELDS[name])
+            raise ApiError(400, f"{name} is not supported by power sampling (only {neutral} or absent)", name)
     for name, neutral in NEUTRAL_VALUES.items():
         value = getattr(request, name)
         if value is not None and value != neutral:
@@ -209,8 +269,9 @@ def sampler_config(request: _Request, base: SamplerConfig, settings: ServeSettin
     alpha = request.alpha
     if request.temperature is not None:
         t = request.temperature
-        if not 0.0 < t <= 1.0:
-            raise ApiError(400, "temperature must be in (0, 1]: it sets alpha = 1/temperature", "temperature")
+        if not MIN_TEMPERATURE <= t <= 1.0:
+            message = f"temperature must be in [{MIN_TEMPERATURE:g}, 1]: it sets alpha = 1/temperature (at most {MAX_ALPHA:g})"
+            raise ApiError(400, message, "temperature")
         if alpha is not None and not math.isclose(alpha, 1.0 / t, rel_tol=1e-9):
             raise ApiError(400, f"temperature {t} means alpha {1 / t:g}, but alpha is {alpha:g}", "temperature")
         alpha = 1.0 / t
@@ -228,26 +289,64 @@ def sampler_config(request: _Request, base: SamplerConfig, settings: ServeSettin
         if getattr(request, name) is not None:
             updates[name] = getattr(request, name)
     try:
-        return SamplerConfig.model_validate({**base.model_dump(), **updates})
+        config = SamplerConfig.model_validate({**base.model_dump(), **updates})
     except ValidationError as e:
         first = e.errors()[0]
-        param = str(first["loc"][0]) if first["loc"] else None
-        raise ApiError(400, f"{param}: {first['msg']}", param) from None
+        # the request's name for a chain field: the horizon's block count comes from max_tokens
+        param = {"num_blocks": "max_tokens"}.get(error_field(first) or "", error_field(first)) or "body"
+        raise ApiError(400, f"{param}: {error_text(first)}", param) from None
+    check_work(config, request.n, settings)
+    return config
+
+
+def request_work(config: SamplerConfig, n: int) -> int:
+    """A request's work in token-steps: n chains x K steps x blocks x horizon. Block l's K steps
+    each propose up to l * block_size tokens, so a chain's tokens grow as K * num_blocks * horizon / 2."""
+    return n * max(config.mh_steps, 1) * config.num_blocks * config.horizon
+
+
+def check_work(config: SamplerConfig, n: int, settings: ServeSettings) -> None:
+    """One request must not hold the engines for hours: bound its blocks and its total work."""
+    if config.num_blocks > settings.max_num_blocks:
+        message = (
+            f"max_tokens / block_size gives {config.num_blocks} blocks; the limit is {settings.max_num_blocks} "
+            "(use a larger block_size, or raise serve.max_num_blocks in the job config)"
+        )
+        raise ApiError(400, message, "block_size")
+    work = request_work(config, n)
+    if work > settings.max_request_work:
+        message = (
+            f"the request asks for {work:,} token-steps (n {n} x mh_steps {config.mh_steps} x {config.num_blocks} "
+            f"blocks x max_tokens {config.horizon}); the limit is {settings.max_request_work:,} "
+            "(ask for less, or raise serve.max_request_work in the job config)"
+        )
+        raise ApiError(400, message, "mh_steps")
 
 
 def prompt_ids(request: _Request, tokenizer: Tokenizer) -> list[int]:
     """Chat messages through the chat template; a text prompt as it is (completions never wrap
     it in a template); token ids unchanged. One prompt per request: `n` samples it several times."""
     if isinstance(request, ChatRequest):
+        for i, message in enumerate(request.messages):
+            _check_encodable(message.content, f"messages.{i}.content", "messages")
         return list(tokenizer.apply_chat_template([m.model_dump() for m in request.messages]))
     prompt = request.prompt
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
+        _check_encodable(prompt[0], "prompt.0", "prompt")
     if isinstance(prompt, str):
+        _check_encodable(prompt, "prompt", "prompt")
         return tokenizer.encode_raw(prompt) if prompt else []
     if prompt and all(isinstance(p, str) for p in prompt):
         if len(prompt) != 1:
             raise ApiError(400, "one prompt per request (use n for several samples of it)", "prompt")
         return tokenizer.encode_raw(prompt[0]) if prompt[0] else []
     return list(prompt)
+
+
+def _check_encodable(text: str, where: str, param: str) -> None:
+    """A JSON string may hold a lone surrogate ("\\ud800"), which no tokenizer can encode."""
+    if (problem := unencodable_text(text)) is not None:
+        raise ApiError(400, f"{where}: {problem}", param)
 
 
 def check_prompt(token_ids: list[int], max_tokens: int, context: int, vocab_size: int) -> None:
@@ -487,9 +586,9 @@ def _chunk(
     return CompletionChunk(id=prepared.id, model=prepared.model, choices=[choice], power_sampling=event)
 
 
-def error_event(error: Exception) -> ErrorResponse:
+def error_event(error: Exception, request_id: str | None = None) -> ErrorResponse:
     """The event a stream sends when a chain fails (the HTTP status is already 200)."""
-    return sampling_failed(error).response()
+    return internal_error(error, request_id).response()
 
 
 def models_body(model_name: str) -> ModelList:

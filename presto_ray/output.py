@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import tempfile
 import time
 from contextlib import contextmanager
@@ -28,6 +29,7 @@ class FinishedSample:
     text: str
     finished_with_eos: bool
     config_json: str  # the SamplerConfig as JSON
+    inputs: str | None  # the resume key: a hash of what the sample depends on (job.input_fingerprint)
 
 
 @dataclass(frozen=True)
@@ -59,16 +61,25 @@ COLUMNS: tuple[Column, ...] = (
     _stat("cached_prompt_tokens"),
     _stat("wall_time_s", pa.float64()),
     Column("config", pa.string(), lambda s: s.config_json),
+    Column("inputs", pa.string(), lambda s: s.inputs),
 )
 SAMPLE_SCHEMA = pa.schema([pa.field(c.name, c.type, nullable=c.nullable) for c in COLUMNS])
 
 
-def sample_row(prompt_id: str, chain: int, seed: int, result: SampleResult, tokenizer: Tokenizer, config_json: str) -> dict:
+def sample_row(
+    prompt_id: str,
+    chain: int,
+    seed: int,
+    result: SampleResult,
+    tokenizer: Tokenizer,
+    config_json: str,
+    inputs: str | None = None,
+) -> dict:
     """One output row (a dict with the SAMPLE_SCHEMA columns): the sample, its text and statistics."""
     tokens = result.token_ids
     finished = FinishedSample(
         prompt_id, chain, seed, result, tokenizer.decode(tokens),
-        bool(tokens) and tokens[-1] == tokenizer.eos_token_id, config_json,
+        bool(tokens) and tokens[-1] == tokenizer.eos_token_id, config_json, inputs,
     )  # fmt: skip
     return {column.name: column.value(finished) for column in COLUMNS}
 
@@ -120,17 +131,20 @@ class ShardedParquet:
     def shards(self) -> list[Path]:
         return _shards(self.directory)
 
-    def finished(self, config_json: str) -> set[tuple[str, int]]:
-        """The pairs already written; refuses shards written with another sampler config."""
-        done: set[tuple[str, int]] = set()
+    def finished(self, config_json: str) -> dict[tuple[str, int], str | None]:
+        """The pairs already written, each with its resume key (None in shards written before
+        keys existed); refuses shards written with another sampler config."""
+        done: dict[tuple[str, int], str | None] = {}
         for shard in self.shards():
-            table = pq.read_table(shard, columns=["prompt_id", "chain", "config"])
+            has_keys = "inputs" in pq.read_schema(shard).names
+            table = pq.read_table(shard, columns=["prompt_id", "chain", "config"] + (["inputs"] if has_keys else []))
             if table.num_rows and set(table.column("config").to_pylist()) != {config_json}:
                 raise ValueError(
                     f"{shard} holds samples drawn with another sampler configuration; "
                     "write to a new output folder or remove it"
                 )
-            done.update(zip(table.column("prompt_id").to_pylist(), table.column("chain").to_pylist()))
+            keys = table.column("inputs").to_pylist() if has_keys else [None] * table.num_rows
+            done.update(zip(zip(table.column("prompt_id").to_pylist(), table.column("chain").to_pylist()), keys))
         return done
 
     def add(self, row: dict) -> None:
@@ -145,6 +159,70 @@ class ShardedParquet:
         write_parquet_atomic(self._rows, self.directory / f"part-{self._run}-{self._count:05d}.parquet")
         self._count += 1
         self._rows = []
+
+
+class OutputLock:
+    """One live writer per output folder: `.presto-ray.lock` holds the writer's pid and host.
+
+    A lock left by a process that died on this host is stale and taken over; a lock from another
+    host cannot be checked from here, so it is refused with a message saying how to clear it.
+    (pyarrow and pandas skip dot-files when they read the folder.)
+    """
+
+    NAME = ".presto-ray.lock"
+
+    def __init__(self, directory: str | Path) -> None:
+        self.path = Path(directory) / self.NAME
+        self._held = False
+
+    def acquire(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        for _ in range(2):  # a second try after removing a stale lock
+            try:
+                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                owner = self._owner()
+                if owner is not None and owner.get("host") == socket.gethostname() and not _alive(owner.get("pid")):
+                    self.path.unlink(missing_ok=True)  # its writer died (killed, crashed): stale
+                    continue
+                raise ValueError(self._held_message(owner)) from None
+            with os.fdopen(fd, "w") as f:
+                json.dump({"pid": os.getpid(), "host": socket.gethostname(), "since": time.time()}, f)
+            self._held = True
+            return
+        raise ValueError(self._held_message(self._owner()))
+
+    def release(self) -> None:
+        if self._held:
+            self.path.unlink(missing_ok=True)
+            self._held = False
+
+    def _owner(self) -> dict | None:
+        try:
+            owner = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return None
+        return owner if isinstance(owner, dict) else None
+
+    def _held_message(self, owner: dict | None) -> str:
+        who = f"process {owner.get('pid')} on {owner.get('host')}" if owner else "another process"
+        return (
+            f"{self.path.parent} is being written by {who} (lock file {self.path}); two writers would "
+            "sample every pair twice. Wait for it, write to another folder, or remove the lock file "
+            "if that job is no longer running"
+        )
+
+
+def _alive(pid) -> bool:
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)  # signal 0: only asks whether the process exists
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # it exists, owned by someone else
+    return True
 
 
 def _shards(directory: Path) -> list[Path]:

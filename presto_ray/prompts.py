@@ -5,8 +5,11 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal, get_args
 
-import pyarrow.parquet as pq
+# The chat roles a prompt may use, in batch files and over HTTP alike (openai_api.py uses this type)
+ChatRole = Literal["system", "user", "assistant"]
+CHAT_ROLES: tuple[str, ...] = get_args(ChatRole)
 
 
 class PromptFileError(ValueError):
@@ -20,43 +23,90 @@ class PromptItem:
     messages: tuple[dict, ...] | None = None
 
 
+def unencodable_text(text: str) -> str | None:
+    """Why `text` cannot be tokenized, or None: JSON may escape a lone surrogate ("\\ud800"),
+    which is no character and has no UTF-8 form."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        return f"holds a lone surrogate ({text[e.start]!r} at character {e.start}), which is not text"
+    return None
+
+
+def _text(value, where: str, field: str) -> str:
+    if (problem := unencodable_text(value)) is not None:
+        raise PromptFileError(f"{where}: field '{field}' {problem}")
+    return value
+
+
 def _item(row: dict, where: str) -> PromptItem:
     if not isinstance(row, dict):
         raise PromptFileError(f"{where}: expected an object with 'id' and 'prompt' or 'messages'")
     if "id" not in row or row["id"] is None or str(row["id"]) == "":
         raise PromptFileError(f"{where}: field 'id' is missing or empty")
+    if isinstance(row["id"], bool) or not isinstance(row["id"], (str, int)):
+        raise PromptFileError(f"{where}: field 'id' must be a string or an integer, not {type(row['id']).__name__}")
+    prompt_id = _text(str(row["id"]), where, "id")
     prompt, messages = row.get("prompt"), row.get("messages")
     if (prompt is None) == (messages is None):
         raise PromptFileError(f"{where}: give exactly one of 'prompt' or 'messages'")
     if prompt is not None:
         if not isinstance(prompt, str) or not prompt:
             raise PromptFileError(f"{where}: field 'prompt' must be a non-empty string")
-        return PromptItem(str(row["id"]), prompt=prompt)
+        return PromptItem(prompt_id, prompt=_text(prompt, where, "prompt"))
     if not isinstance(messages, (list, tuple)) or not messages:
         raise PromptFileError(f"{where}: field 'messages' must be a non-empty list")
-    for m in messages:
+    for i, m in enumerate(messages):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
             raise PromptFileError(f"{where}: field 'messages' needs items with string 'role' and 'content'")
-    return PromptItem(str(row["id"]), messages=tuple({"role": m["role"], "content": m["content"]} for m in messages))
+        if m["role"] not in CHAT_ROLES:
+            roles = ", ".join(repr(r) for r in CHAT_ROLES)
+            raise PromptFileError(f"{where}: field 'messages.{i}.role' is {m['role']!r}; expected one of {roles}")
+        _text(m["content"], where, f"messages.{i}.content")
+    return PromptItem(prompt_id, messages=tuple({"role": m["role"], "content": m["content"]} for m in messages))
+
+
+def _parquet_rows(path: Path) -> list[dict]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        return pq.read_table(path).to_pylist()
+    except (pa.ArrowException, OSError) as e:
+        raise PromptFileError(f"{path}: not a readable Parquet file ({str(e).splitlines()[0] if str(e) else e})") from None
+
+
+def _jsonl_rows(path: Path):
+    """(line number, parsed object) for each non-blank line; bad bytes or JSON name their line."""
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise PromptFileError(f"{path}: cannot read ({e.strerror or e})") from None
+    for lineno, raw in enumerate(data.splitlines(), 1):
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise PromptFileError(f"{path} line {lineno}: not UTF-8 text (byte {e.start + 1}); is it a JSONL file?") from None
+        if not line.strip():
+            continue
+        try:
+            yield lineno, json.loads(line)
+        except json.JSONDecodeError as e:
+            raise PromptFileError(f"{path} line {lineno}: invalid JSON ({e.msg})") from None
+        except RecursionError:
+            raise PromptFileError(f"{path} line {lineno}: invalid JSON (nested too deeply)") from None
 
 
 def read_prompts(path: str | Path) -> list[PromptItem]:
     path = Path(path)
     if not path.exists():
         raise PromptFileError(f"{path}: no such file")
+    if path.is_dir():
+        raise PromptFileError(f"{path}: is a directory; give a JSONL or Parquet file")
     if path.suffix == ".parquet":
-        rows = pq.read_table(path).to_pylist()
-        items = [_item(row, f"{path} row {i}") for i, row in enumerate(rows)]
+        items = [_item(row, f"{path} row {i}") for i, row in enumerate(_parquet_rows(path))]
     else:
-        items = []
-        for lineno, line in enumerate(path.read_text().splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise PromptFileError(f"{path} line {lineno}: invalid JSON ({e.msg})") from None
-            items.append(_item(row, f"{path} line {lineno}"))
+        items = [_item(row, f"{path} line {lineno}") for lineno, row in _jsonl_rows(path)]
     ids = [item.id for item in items]
     duplicates = sorted({i for i in ids if ids.count(i) > 1})
     if duplicates:

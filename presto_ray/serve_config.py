@@ -24,3 +24,11 @@ class ServeSettings(BaseModel):
     max_n: int = Field(16, ge=1, description="Most chains (choices) per request.")
     max_mh_steps: int = Field(1000, ge=1, description="Most MH steps per block a request may ask for.")
     max_prefetch_budget: int = Field(256, ge=1, description="Largest prefetch budget a request may ask for.")
+    max_num_blocks: int = Field(
+        256, ge=1, description="Most blocks (max_tokens / block_size) a request may ask for."
+    )
+    max_request_work: int = Field(
+        50_000_000, ge=1,
+        description="Most token-steps one request may ask for: n x mh_steps x blocks x max_tokens "
+        "(a chain proposes about half as many tokens); bounds how long one request holds the engines.",
+    )

@@ -74,6 +74,18 @@ def test_bad_config_names_the_field(tmp_path):
     assert "sampler.alpha" in proc.stderr and "sampler.traversal" in proc.stderr
 
 
+def test_a_cross_field_config_error_names_its_field(tmp_path, capsys):
+    """Not `sampler: Value error, ...` or `(root)`: the field the user must change."""
+    from presto_ray.cli import main
+
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("engine: {kind: toy}\nsampler: {sampler: multi_try, num_tries: 8, prefetch_budget: 4}\n")
+    assert main(["sample", "--config", str(cfg), "--out", str(tmp_path / "o.parquet")]) == 2
+    err = capsys.readouterr().err
+    assert "sampler.prefetch_budget: prefetch_budget (4) must be at least num_tries (8)" in err, err
+    assert "Value error" not in err and "(root)" not in err
+
+
 def test_parquet_prompts_and_chat_messages(tmp_path):
     import pyarrow as pa
 
@@ -97,6 +109,8 @@ def test_main_job_on_the_real_model(tmp_path, vllm_engine):
     out = tmp_path / "s.parquet"
     proc = run_cli("sample", "--prompts", str(prompts), "--out", str(out), "--config", str(cfg))
     assert proc.returncode == 0, proc.stderr[-3000:]
+    # vLLM logs to stdout: a clean run ends without its output handler's EngineDeadError traceback
+    assert "Traceback" not in proc.stdout + proc.stderr and "EngineDeadError" not in proc.stdout + proc.stderr
     rows = {r["prompt_id"]: r for r in pq.read_table(out).to_pylist()}
     assert set(rows) == {"fr", "chat"}
     assert all(r["text"].strip() and r["transitions"] == 3 for r in rows.values())
@@ -109,3 +123,59 @@ def test_main_job_on_the_real_model(tmp_path, vllm_engine):
 
 def test_default_job_config_is_configs_local_yaml():
     assert JobConfig() == JobConfig.from_yaml(ROOT / "configs/local.yaml")
+
+
+# --- prompt files that used to escape as tracebacks (issue 15 item 7) ---------------------------
+def _bad_prompt_files(tmp_path: Path) -> list[tuple[Path, list[str]]]:
+    folder = tmp_path / "a_folder.jsonl"
+    folder.mkdir()
+    binary = tmp_path / "binary.jsonl"
+    binary.write_bytes('{"id": "a", "prompt": "ok"}\n'.encode() + bytes(range(128, 256)) + b"\n")
+    latin1 = tmp_path / "latin1.jsonl"
+    latin1.write_bytes('{"id": "a", "prompt": "caf\u00e9"}\n'.encode("latin-1"))
+    corrupt = tmp_path / "corrupt.parquet"
+    corrupt.write_bytes(b"PAR1 this is not parquet at all PAR1")
+    surrogate = tmp_path / "surrogate.jsonl"
+    surrogate.write_text('{"id": "a", "prompt": "fine"}\n{"id": "b", "prompt": "bad \\ud800"}\n')
+    chat_surrogate = tmp_path / "chat_surrogate.jsonl"
+    chat_surrogate.write_text('{"id": "a", "messages": [{"role": "user", "content": "\\udfff"}]}\n')
+    role = tmp_path / "role.jsonl"
+    role.write_text('{"id": "a", "messages": [{"role": "system", "content": "x"}, {"role": "wizard", "content": "hi"}]}\n')
+    dict_id = tmp_path / "dict_id.jsonl"
+    dict_id.write_text('{"id": {"k": 1}, "prompt": "hi"}\n')
+    list_id = tmp_path / "list_id.jsonl"
+    list_id.write_text('{"id": [1], "prompt": "hi"}\n')
+    return [
+        (folder, [str(folder), "is a directory"]),
+        (binary, [str(binary), "line 2", "not UTF-8"]),
+        (latin1, [str(latin1), "line 1", "not UTF-8"]),
+        (corrupt, [str(corrupt), "not a readable Parquet file"]),
+        (surrogate, [str(surrogate), "line 2", "field 'prompt'", "surrogate"]),
+        (chat_surrogate, [str(chat_surrogate), "line 1", "field 'messages.0.content'", "surrogate"]),
+        (role, [str(role), "line 1", "field 'messages.1.role'", "'wizard'", "'assistant'"]),
+        (dict_id, [str(dict_id), "line 1", "field 'id'", "dict"]),
+        (list_id, [str(list_id), "line 1", "field 'id'", "list"]),
+    ]
+
+
+def test_unreadable_prompt_files_name_file_line_and_field(tmp_path):
+    from presto_ray.prompts import PromptFileError, read_prompts
+
+    for path, words in _bad_prompt_files(tmp_path):
+        with pytest.raises(PromptFileError) as caught:
+            read_prompts(path)
+        assert all(w in str(caught.value) for w in words), (path.name, str(caught.value))
+
+
+def test_the_cli_exits_2_on_them_without_a_traceback(tmp_path):
+    for path, words in _bad_prompt_files(tmp_path)[:5]:  # one process each: the costly kinds
+        proc = run_cli("sample", "--config", "configs/toy.yaml", "--prompts", str(path), "--out", str(tmp_path / "o.parquet"))
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+        assert all(w in proc.stderr for w in words), proc.stderr
+
+
+def test_batch_files_and_http_share_the_chat_roles():
+    from presto_ray.openai_api import ChatMessage
+    from presto_ray.prompts import CHAT_ROLES
+
+    assert set(CHAT_ROLES) == set(ChatMessage.model_fields["role"].annotation.__args__)

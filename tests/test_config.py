@@ -64,3 +64,69 @@ def test_replica_gpus_default_to_what_the_engine_spans():
         JobConfig.model_validate({"engine": gpu, "ray": {"replica_num_gpus": 1}})
     assert "replica_num_gpus" in str(info.value) and "tensor_parallel_size" in str(info.value)
     assert JobConfig.model_validate({"engine": gpu, "ray": {"replica_num_gpus": 4}}).ray.replica_num_gpus == 4
+
+
+# --- ranges (issue 15 item 3): the same limits from Python, YAML and HTTP -----------------------
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        ({"alpha": float("inf")}, "alpha"),
+        ({"alpha": float("nan")}, "alpha"),
+        ({"alpha": 1e308}, "alpha"),
+        ({"alpha": 1000.5}, "alpha"),
+        ({"proposal_temperature": 1e-320}, "proposal_temperature"),
+        ({"proposal_temperature": float("nan")}, "proposal_temperature"),
+        ({"predictor_prior_strength": float("inf")}, "predictor_prior_strength"),
+    ],
+)
+def test_non_finite_and_absurd_numbers_are_rejected(kwargs, field):
+    with pytest.raises(ValidationError) as info:
+        SamplerConfig(**kwargs)
+    assert field in str(info.value)
+
+
+def test_the_range_ends_are_accepted():
+    from presto_ray.config import MAX_ALPHA, MIN_PROPOSAL_TEMPERATURE
+
+    assert SamplerConfig(alpha=MAX_ALPHA).tau == pytest.approx(MIN_PROPOSAL_TEMPERATURE)
+    assert SamplerConfig(alpha=1.0, proposal_temperature=MIN_PROPOSAL_TEMPERATURE).tau == MIN_PROPOSAL_TEMPERATURE
+
+
+def test_yaml_infinity_is_rejected(tmp_path):
+    from presto_ray.job import JobConfig
+
+    path = tmp_path / "job.yaml"
+    path.write_text("engine: {kind: toy}\nsampler: {alpha: .inf}\n")
+    with pytest.raises(ValidationError) as info:
+        JobConfig.from_yaml(path)
+    assert "sampler.alpha" in str(info.value).replace("\n", ".")
+
+
+def test_cross_field_errors_carry_their_field():
+    from presto_ray.config import error_field, error_text
+
+    with pytest.raises(ValidationError) as info:
+        SamplerConfig(sampler="multi_try", num_tries=8, prefetch_budget=4)
+    (error,) = info.value.errors()
+    assert error_field(error) == "prefetch_budget" and error_text(error).startswith("prefetch_budget (4)")
+
+
+# --- overflow-safe acceptance ratios ------------------------------------------------------------
+def test_the_log_ratio_is_overflow_safe_and_unchanged_where_it_did_not_overflow():
+    """alpha * log p0 overflowed to -inf on both sides (inf - inf = nan: a silent rejection); the
+    ratio now follows the sums' difference, and every finite ratio keeps its exact value."""
+    import math
+
+    from presto_ray.kernels import PowerMHKernel
+
+    better, worse = (-5.0, -1.0), (-10.0, -2.0)  # (log p0 sum, log q sum) of a suffix
+    assert PowerMHKernel(1e300).log_weight_difference(better, worse) > 0
+    assert PowerMHKernel(1e308).log_weight_difference(better, worse) == math.inf  # was nan: rejected
+    assert PowerMHKernel(1e308).log_weight_difference(worse, better) == -math.inf
+    impossible = (-math.inf, 0.0)
+    assert PowerMHKernel(4.0).log_weight_difference(impossible, impossible) == -math.inf
+    for alpha in (1.0, 4.0, 1000.0):
+        kernel = PowerMHKernel(alpha)
+        for forward, backward in ((better, worse), ((-3.25, -0.5), (-1.125, -7.0)), ((-0.1, -0.2), (-0.1, -0.2))):
+            plain = kernel.log_weight(*forward) - kernel.log_weight(*backward)
+            assert kernel.log_weight_difference(forward, backward) == plain  # bit for bit

@@ -15,10 +15,13 @@ from presto_ray.keys import derive_seed
 from presto_ray.openai_api import (
     ApiError,
     Prepared,
+    check_api_key,
+    check_content_type,
     choice_from_result,
     completion_response,
     done_chunk,
     error_event,
+    internal_error,
     models_body,
     prepare,
     progress_chunk,
@@ -81,6 +84,27 @@ BAD_INPUTS = [
     ({"prompt": 12}, 400, "prompt"),
     ({"prompt": "x" * 600}, 400, "prompt"),  # over the 512-token context
     ({"model": "gpt-4"}, 404, "model"),
+    # non-finite or absurd numbers (issue 15 item 3): 400 naming the field, never a 500 or a greedy 200
+    ({"alpha": float("inf")}, 400, "alpha"),
+    ({"alpha": float("nan")}, 400, "alpha"),
+    ({"alpha": 1e308}, 400, "alpha"),
+    ({"alpha": 1001.0}, 400, "alpha"),
+    ({"temperature": 1e-320}, 400, "temperature"),
+    ({"temperature": float("nan")}, 400, "temperature"),
+    # unknown and unsupported fields (item 8)
+    ({"top_k": 40}, 400, "top_k"),
+    ({"min_p": 0.1}, 400, "min_p"),
+    ({"repetition_penalty": 1.2}, 400, "repetition_penalty"),
+    ({"mh_step": 5}, 400, "mh_step"),
+    ({"best_of": 2}, 400, "best_of"),
+    ({"logprobs": True}, 400, "logprobs"),
+    ({"tools": [{"type": "function"}]}, 400, "tools"),
+    # work bounds (item 5)
+    ({"max_tokens": 512, "block_size": 1}, 400, "block_size"),
+    ({"n": 16, "max_tokens": 2048, "block_size": 8, "mh_steps": 1000}, 400, "mh_steps"),
+    # a lone surrogate cannot be tokenized (item 6)
+    ({"prompt": "abc\ud800"}, 400, "prompt"),
+    ({"prompt": ["\udfff"]}, 400, "prompt"),
 ]
 
 
@@ -260,9 +284,9 @@ def test_chat_stream_chunks():
 
 
 def test_error_event_models_and_stats_bodies():
-    assert error_event(RuntimeError("engine died")).model_dump() == {
-        "error": {"message": "sampling failed: engine died", "type": "server_error", "param": None, "code": None}
-    }
+    error = error_event(RuntimeError("engine died at /secret/path"), "cmpl-1").model_dump()["error"]
+    assert (error["type"], error["param"], error["code"]) == ("server_error", None, None)
+    assert "err-" in error["message"] and "secret" not in error["message"]
     models = openai.types.Model.model_validate(models_body("toy").model_dump()["data"][0])
     assert (models.id, models.object, models.owned_by) == ("toy", "model", "presto-ray")
     from actors.coordinator_stats import CoordinatorCounters, CoordinatorSnapshot
@@ -278,3 +302,150 @@ def test_error_event_models_and_stats_bodies():
     assert (body["calls"], body["num_requests"], body["submitted_requests"], body["deduplicated"]) == (3, 7, 9, 2)
     assert body["requests_per_call"] == pytest.approx(7 / 3) and body["cached_token_share"] == 0.75
     assert body["calls_per_replica"] == [2, 1] and body["queue_depth"] == 4
+
+
+# --- hardening (issue 15) --------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "neutral",
+    [{"best_of": 1}, {"tools": []}, {"logprobs": 0}, {"logprobs": False}, {"logprobs": None}, {"echo": False},
+     {"top_k": -1}, {"min_p": 0.0}, {"repetition_penalty": 1.0}, {"stop": None}, {"user": "me"}],
+    ids=lambda change: next(iter(change.items())).__repr__(),
+)  # fmt: skip
+def test_neutral_values_of_unsupported_fields_pass(neutral):
+    assert prepare_body({**GOOD, **neutral}).configs
+
+
+def test_unknown_fields_are_named_with_a_hint():
+    error = api_error({**GOOD, "mh_step": 5})
+    assert error.param == "mh_step" and "unknown field 'mh_step'" in error.message
+    error = api_error({"model": "toy", "messages": MESSAGES, "top_k": 3}, chat=True)
+    assert error.param == "top_k" and "not supported" in error.message
+
+
+def test_model_level_config_errors_name_the_field():
+    """A cross-field rule of SamplerConfig: the error names prefetch_budget, not `None: Value error`."""
+    error = api_error({**GOOD, "sampler": "multi_try", "prefetch_budget": 2})
+    assert error.param == "prefetch_budget" and error.message.startswith("prefetch_budget: ")
+    assert "None" not in error.message and "Value error" not in error.message
+
+
+def test_the_smallest_temperature_is_alpha_at_its_limit():
+    from presto_ray.config import MAX_ALPHA
+
+    (config,) = prepare_body({**GOOD, "temperature": 1 / MAX_ALPHA}).configs
+    assert config.alpha == pytest.approx(MAX_ALPHA)
+
+
+def test_work_limits_name_the_serve_key_to_raise():
+    blocks = api_error({**GOOD, "max_tokens": 512, "block_size": 1})
+    assert "serve.max_num_blocks" in blocks.message
+    work = api_error({**GOOD, "n": 16, "max_tokens": 2048, "block_size": 8, "mh_steps": 1000})
+    assert "serve.max_request_work" in work.message and "token-steps" in work.message
+    # the same request passes where the service allows more
+    raw = json.dumps({**GOOD, "n": 2, "max_tokens": 256, "block_size": 2, "mh_steps": 1000}).encode()
+    roomy = ServeSettings(max_request_work=10**12)
+    kwargs = dict(tokenizer=TOKENIZER, model_name="toy", context_length=512, base_sampler=BASE)
+    assert len(prepare(raw, False, settings=roomy, **kwargs).configs) == 2
+    with pytest.raises(ApiError):
+        prepare(raw, False, settings=SETTINGS, **kwargs)
+
+
+def test_deeply_nested_json_is_a_400():
+    for raw in (b"[" * 100_000 + b"]" * 100_000, b'{"prompt": "hi", "stream_options": ' + b"[" * 50_000 + b"]" * 50_000 + b"}"):
+        error = api_error(raw)
+        assert error.status == 400 and "nested too deeply" in error.message
+
+
+def test_a_lone_surrogate_in_a_chat_message_names_it():
+    messages = [{"role": "user", "content": "fine"}, {"role": "user", "content": "bad \ud800"}]
+    error = api_error({"model": "toy", "messages": messages}, chat=True)
+    assert error.param == "messages" and error.message.startswith("messages.1.content: ") and "surrogate" in error.message
+
+
+def test_internal_errors_are_logged_with_an_id_and_answered_without_internals(caplog):
+    try:
+        raise RuntimeError("actor 1234abcd on node 10.0.0.7 died: /home/me/.venv/lib/python3.11/x.py")
+    except RuntimeError as e:
+        error = internal_error(e, "cmpl-xyz")
+    body = error.body()["error"]
+    assert error.status == 500 and body["type"] == "server_error"
+    error_id = body["message"].split()[-1]
+    assert error_id.startswith("err-") and "10.0.0.7" not in body["message"] and ".venv" not in body["message"]
+    (record,) = [r for r in caplog.records if error_id in r.getMessage()]
+    assert "cmpl-xyz" in record.getMessage() and record.exc_info and "10.0.0.7" in str(record.exc_info[1])
+
+
+@pytest.mark.parametrize("header", ["Bearer k3y", "bearer k3y", "BEARER   k3y", " Bearer k3y "])
+def test_the_bearer_scheme_is_case_insensitive(header):
+    check_api_key(header, "k3y")
+    check_api_key(None, None)  # no key set: everything passes
+
+
+@pytest.mark.parametrize("header", [None, "", "k3y", "Basic k3y", "Bearer k3", "Bearer k3y4", "Bearerk3y"])
+def test_a_missing_or_wrong_key_is_a_401_with_a_challenge(header):
+    with pytest.raises(ApiError) as caught:
+        check_api_key(header, "k3y")
+    assert caught.value.status == 401 and caught.value.headers["WWW-Authenticate"].startswith("Bearer")
+
+
+def test_the_key_is_compared_in_constant_time(monkeypatch):
+    import hmac
+
+    calls = []
+    monkeypatch.setattr(hmac, "compare_digest", lambda a, b: calls.append((a, b)) or a == b)
+    check_api_key("Bearer k3y", "k3y")
+    assert calls == [(b"k3y", b"k3y")]
+
+
+@pytest.mark.parametrize("content_type", ["application/json", "application/json; charset=utf-8", "Application/JSON"])
+def test_json_content_types_pass(content_type):
+    check_content_type(content_type)
+
+
+@pytest.mark.parametrize("content_type", [None, "text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x"])
+def test_other_content_types_are_a_415(content_type):
+    with pytest.raises(ApiError) as caught:
+        check_content_type(content_type)
+    assert caught.value.status == 415 and "application/json" in caught.value.message
+
+
+def test_fuzzed_bodies_get_a_result_or_an_api_error():
+    """Hypothesis over the request schema: prepare() returns chains or raises ApiError (a 4xx),
+    never anything else (which the service would answer with a 500)."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    scalars = st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats() | st.text(max_size=12)
+    values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3), max_leaves=8)
+    names = st.sampled_from(
+        ["model", "prompt", "messages", "max_tokens", "n", "seed", "temperature", "top_p", "frequency_penalty", "stream",
+         "stream_options", "alpha", "mh_steps", "block_size", "prefetch_budget", "traversal", "sampler", "logprobs",
+         "stop", "best_of", "tools", "top_k", "min_p", "user"]
+    ) | st.text(max_size=8)  # fmt: skip
+    messages = st.lists(st.fixed_dictionaries({"role": st.sampled_from(["user", "system", "wizard"]), "content": st.text(max_size=8)}), max_size=2)
+    bodies = st.dictionaries(names, values | messages | st.integers(1, 64), max_size=8) | values
+
+    @settings(max_examples=200, deadline=None, derandomize=True)
+    @given(body=bodies, chat=st.booleans())
+    def check(body, chat):
+        try:
+            prepare_body(json.dumps(body, allow_nan=True).encode(), chat)
+        except ApiError as e:
+            assert 400 <= e.status < 500 and e.message
+
+    check()
+
+
+def test_the_vllm_context_leaves_room_for_the_scoring_pass():
+    """prompt + max_tokens == max_model_len passed before, then vLLM refused the scoring pass
+    (prompt + completion + 1 tokens): a 500. The spec's context is one token less, so it is a 400."""
+    from presto_ray.engines.specs import VLLMEngineConfig
+
+    context = VLLMEngineConfig(max_model_len=64).context_length
+    assert context == 63
+    kwargs = dict(tokenizer=TOKENIZER, model_name="toy", context_length=context, base_sampler=BASE, settings=SETTINGS)
+    prompt = list(range(1, 9))  # 8 tokens
+    assert prepare(json.dumps({"prompt": prompt, "max_tokens": 55}).encode(), False, **kwargs).prompt_ids == prompt
+    with pytest.raises(ApiError) as caught:
+        prepare(json.dumps({"prompt": prompt, "max_tokens": 56}).encode(), False, **kwargs)
+    assert caught.value.param == "prompt" and "context of 63 tokens" in caught.value.message

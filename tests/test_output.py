@@ -40,3 +40,37 @@ def test_statistics_columns_are_the_chains_own_figures():
         assert rows[-1][name] == getattr(result.stats, name)
     assert rows[-1]["token_ids"] == list(result.token_ids)
     assert result.stats.prompt_tokens > 0 and result.stats.model_calls > 0
+
+
+# --- one live writer per output folder (issue 15 item 4) ------------------------------------------
+def test_a_second_live_writer_is_refused_and_a_dead_ones_lock_is_taken_over(tmp_path):
+    import json
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    import pytest
+
+    from presto_ray.output import OutputLock
+
+    first, second = OutputLock(tmp_path / "out"), OutputLock(tmp_path / "out")
+    first.acquire()
+    owner = json.loads(first.path.read_text())
+    assert owner["pid"] == os.getpid() and owner["host"] == socket.gethostname()
+    with pytest.raises(ValueError, match=f"being written by process {os.getpid()} on {socket.gethostname()}"):
+        second.acquire()
+    first.release()
+    assert not first.path.exists()
+    second.acquire()  # free again
+    second.release()
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    first.path.write_text(json.dumps({"pid": int(dead.stdout), "host": socket.gethostname()}))
+    second.acquire()  # that writer died (killed, crashed): its lock is stale
+    assert json.loads(second.path.read_text())["pid"] == os.getpid()
+    second.release()
+
+    first.path.write_text(json.dumps({"pid": 1, "host": "another-node"}))  # cannot be checked from here
+    with pytest.raises(ValueError, match="another-node.*remove the lock file"):
+        second.acquire()

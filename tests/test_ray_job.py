@@ -300,3 +300,54 @@ def test_coordinator_metrics_reach_the_prometheus_endpoint(ray_address, tmp_path
         time.sleep(1)
     assert wanted <= samples.keys(), sorted(samples)
     assert sum(samples["ray_presto_engine_calls_total"]) >= stats.accounting.calls > 0
+
+
+# --- resume keys, one writer, a one-line failure (issue 15 items 4 and 10) ------------------------
+def test_resume_refuses_samples_whose_inputs_changed_and_a_second_live_writer(ray_address, tmp_path):
+    items, config = toy_job(prompts=2, chains=1, shard_rows=1)
+    out = tmp_path / "out"
+    second_writer = []
+
+    def try_a_second_writer(row):
+        if not second_writer:
+            with pytest.raises(ValueError, match="is being written by process") as caught:
+                RayJob(items, config, out).run()
+            second_writer.append(str(caught.value))
+
+    run(items, config, out, on_sample=try_a_second_writer)
+    assert second_writer and not list(out.glob(".*")), "the lock is released when the job ends"
+    job = RayJob(items, config, out)
+    assert job.pending_work() == ([], 2)  # same inputs: nothing to do
+    assert {r["inputs"] for r in read_samples(out).to_pylist()} == set(job._inputs.values())
+    edited = [items[0], PromptItem(id=items[1].id, prompt=items[1].prompt + " (edited)")]
+    with pytest.raises(ValueError, match=rf"inputs changed.*{items[1].id}#0"):
+        RayJob(edited, config, out).pending_work()
+    other_model = config.model_copy(update={"engine": config.engine.model_copy(update={"seed": 7})})
+    with pytest.raises(ValueError, match="inputs changed"):
+        RayJob(items, other_model, out).pending_work()
+    slower = config.model_copy(update={"engine": config.engine.model_copy(update={"call_latency_s": 0.01})})
+    assert RayJob(items, slower, out).pending_work() == ([], 2)  # latency changes no sample
+    more = items + [PromptItem(id="new", prompt="a new question")]
+    work, skipped = RayJob(more, config, out).pending_work()
+    assert [w.chain_id for w in work] == [("new", 0)] and skipped == 2
+
+
+def test_a_coordinator_gone_for_good_ends_the_job_with_one_line(ray_address, tmp_path, monkeypatch):
+    import deployments.batch_job as batch_job
+
+    monkeypatch.setattr(batch_job, "COORDINATOR_RESTART_TIMEOUT_S", 2.0)
+    items, config = toy_job(prompts=2, chains=2, coordinator_max_restarts=0)
+    config = config.model_copy(update={"engine": config.engine.model_copy(update={"call_latency_s": 0.05})})
+    job = RayJob(items, config, tmp_path / "out")
+
+    def kill_coordinator(row):
+        ray.kill(job.coordinator, no_restart=True)
+
+    try:
+        with pytest.raises(batch_job.JobFailed) as caught:
+            job.run(on_sample=kill_coordinator)
+    finally:
+        job.shutdown()
+    message = str(caught.value)
+    assert "\n" not in message and "coordinator" in message and "rerun to resume" in message
+    assert not list((tmp_path / "out").glob(".*")), "the lock is released when the job fails"

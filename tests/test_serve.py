@@ -16,6 +16,8 @@ from presto_ray.keys import derive_seed
 ray = pytest.importorskip("ray")
 openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
+hypothesis = pytest.importorskip("hypothesis")
+st = hypothesis.strategies
 
 TOY = {
     "engine": {"kind": "toy", "vocab_size": 48, "logit_scale": 3.0, "eos_bias": -2.0, "max_model_len": 512},
@@ -239,3 +241,149 @@ def test_presto_ray_serve_command_serves_until_interrupted(tmp_path):
         output, _ = server.communicate(timeout=120)
     assert f"serving toy at http://127.0.0.1:{port}/v1" in output
     assert server.returncode == 0, output
+
+
+# --- hardening (issue 15): through the real HTTP server ---------------------------------------
+def test_a_500_carries_an_error_id_and_no_internals(serve_base_url):
+    """A failure that is not the client's (here the service's coordinator died and may not
+    restart) answers a generic message with an error id; the details stay in the server log."""
+    import os
+    import signal as signals
+    import time
+
+    from ray import serve
+    from ray._private.state import actors  # the GCS's actor table: the state API needs the dashboard
+
+    from deployments.serve_app import app_for
+
+    def coordinators() -> dict:
+        return {k: a["Pid"] for k, a in actors().items() if a["ActorClassName"] == "Coordinator" and a["State"] == "ALIVE"}
+
+    before = coordinators()
+    broken = JobConfig.model_validate({**TOY, "ray": {"coordinator_max_restarts": 0}})
+    serve.run(app_for(broken), name="broken", route_prefix="/broken")
+    try:
+        deadline, new = time.monotonic() + 60, []
+        while len(new) != 1 and time.monotonic() < deadline:  # the ingress does not wait for it to start
+            time.sleep(0.2)
+            new = [pid for actor_id, pid in coordinators().items() if actor_id not in before]
+        (pid,) = new
+        os.kill(pid, signals.SIGKILL)
+        url = f"{serve_base_url}/broken"
+        r = httpx.post(f"{url}/v1/completions", json=GOOD, timeout=60)
+        assert r.status_code == 500, r.text
+        error = r.json()["error"]
+        assert error["type"] == "server_error" and error["message"].split()[-1].startswith("err-")
+        for internal in ("Traceback", "File ", "Coordinator", "Actor", "\x1b[", "pid=", "ip="):
+            assert internal not in r.text, internal
+        with pytest.raises(openai.InternalServerError):
+            client(url).completions.create(**GOOD)
+        streamed = httpx.post(f"{url}/v1/completions", json={**GOOD, "stream": True}, timeout=60).text
+        assert '"server_error"' in streamed and "err-" in streamed and "Coordinator" not in streamed
+    finally:
+        serve.delete("broken")
+
+
+def test_bad_numbers_unknown_fields_and_surrogates_are_400s_through_the_client(toy_service):
+    url, _ = toy_service
+    c = client(url)
+    cases = [
+        ({"extra_body": {"alpha": 1e308}}, "alpha"),  # the client cannot send Infinity: the raw test does
+        ({"temperature": 1e-320}, "temperature"),
+        ({"extra_body": {"top_k": 40}}, "top_k"),
+        ({"extra_body": {"mh_step": 5}}, "mh_step"),
+        ({"max_tokens": 512, "extra_body": {"block_size": 1}}, "block_size"),
+        ({"max_tokens": 256, "extra_body": {"block_size": 1, "mh_steps": 1000}}, "mh_steps"),
+    ]
+    for change, param in cases:
+        with pytest.raises(openai.BadRequestError) as caught:
+            c.completions.create(**{**GOOD, **change})
+        assert caught.value.body["param"] == param, (change, caught.value.body)
+    # neutral values of unsupported fields pass
+    assert c.completions.create(**GOOD, best_of=1, extra_body={"tools": [], "logprobs": 0}).choices[0].text
+
+
+def test_raw_bodies_that_used_to_be_500s(toy_service):
+    url, _ = toy_service
+    headers = {"content-type": "application/json"}
+    for raw, words in [
+        (b'{"prompt":"abc","max_tokens":16,"alpha":1e400}', "alpha"),
+        (b'{"prompt":"abc","alpha":Infinity}', "alpha"),
+        (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
+        (b'{"prompt":"abc\\ud800","max_tokens":8}', "surrogate"),  # the openai client cannot send one
+    ]:
+        r = httpx.post(f"{url}/v1/completions", content=raw, headers=headers, timeout=60)
+        assert r.status_code == 400 and words in r.json()["error"]["message"], r.text
+    chat = b'{"messages":[{"role":"user","content":"\\udfff"}],"max_tokens":8}'
+    r = httpx.post(f"{url}/v1/chat/completions", content=chat, headers=headers, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "messages", r.text
+
+
+def test_non_json_content_types_are_refused(toy_service):
+    url, _ = toy_service
+    body = json.dumps(GOOD).encode()
+    for content_type in ("text/plain", "application/x-www-form-urlencoded", None):
+        headers = {"content-type": content_type} if content_type else {}
+        r = httpx.post(f"{url}/v1/completions", content=body, headers=headers, timeout=60)
+        assert r.status_code == 415 and "application/json" in r.json()["error"]["message"], (content_type, r.text)
+
+
+def test_auth_guards_the_docs_and_challenges(toy_service, serve_base_url):
+    secured = f"{serve_base_url}/secured"
+    for path in ("/docs", "/redoc", "/openapi.json", "/v1/models", "/v1/stats"):
+        r = httpx.get(f"{secured}{path}", timeout=60)
+        assert r.status_code == 401 and r.headers["www-authenticate"].startswith("Bearer"), path
+    for scheme in ("Bearer", "bearer", "BEARER"):
+        r = httpx.get(f"{secured}/openapi.json", headers={"authorization": f"{scheme} {KEY}"}, timeout=60)
+        assert r.status_code == 200 and "/v1/completions" in r.json()["paths"], scheme
+    assert httpx.get(f"{secured}/docs", headers={"authorization": f"Bearer {KEY}"}, timeout=60).status_code == 200
+    url, _ = toy_service  # no key set: the docs are open
+    assert httpx.get(f"{url}/docs", timeout=60).status_code == 200
+
+
+FUZZ = {**TOY, "serve": {"max_tokens_limit": 16, "max_n": 2, "max_mh_steps": 4, "max_prefetch_budget": 4, "max_request_work": 2000}}
+FIELDS = ("model", "prompt", "messages", "max_tokens", "n", "seed", "temperature", "top_p", "stream", "alpha",
+          "mh_steps", "block_size", "prefetch_budget", "traversal", "sampler", "logprobs", "stop", "best_of", "top_k")  # fmt: skip
+
+
+def _fuzz_bodies():
+    scalars = st.none() | st.booleans() | st.integers(-(2**64), 2**64) | st.floats() | st.text(max_size=12)
+    json_values = st.recursive(scalars, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3), max_leaves=8)
+    plausible = {
+        "prompt": st.text(max_size=20) | st.lists(st.integers(-2, 60), max_size=4),
+        "messages": st.lists(st.fixed_dictionaries({"role": st.sampled_from(["user", "system", "wizard"]), "content": st.text(max_size=12)}), max_size=2),
+        "max_tokens": st.integers(-1, 20), "n": st.integers(-1, 3), "alpha": st.floats(), "temperature": st.floats(),
+        "mh_steps": st.integers(-1, 6), "block_size": st.integers(-1, 9), "prefetch_budget": st.integers(-1, 5),
+    }  # fmt: skip
+    field_value = st.sampled_from(FIELDS).flatmap(lambda name: st.tuples(st.just(name), plausible.get(name, json_values) | json_values))
+    # a valid request with a few fields changed (most of them stay cheap to run), or anything at all
+    valid = st.fixed_dictionaries({"prompt": st.text("abcdefgh ", min_size=1, max_size=12), "max_tokens": st.sampled_from([4, 8])})
+    changed = st.tuples(valid, st.lists(field_value, max_size=2).map(dict)).map(lambda pair: {**pair[0], **pair[1]})
+    return changed | st.lists(field_value, max_size=6).map(dict) | json_values
+
+
+def test_fuzzed_bodies_never_get_a_5xx(serve_base_url):
+    """Hypothesis against the request schema, over real HTTP (bounded: 60 bodies, cheap limits)."""
+    from hypothesis import HealthCheck, given, settings
+    from ray import serve
+
+    from deployments.serve_app import app_for
+
+    serve.run(app_for(JobConfig.model_validate(FUZZ)), name="fuzz", route_prefix="/fuzz")
+    statuses = []
+
+    @settings(max_examples=60, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+    @given(body=_fuzz_bodies(), chat=st.booleans())
+    def post(body, chat):
+        path = "/v1/chat/completions" if chat else "/v1/completions"
+        raw = json.dumps(body, allow_nan=True).encode()
+        r = httpx.post(f"{serve_base_url}/fuzz{path}", content=raw, headers={"content-type": "application/json"}, timeout=60)
+        statuses.append(r.status_code)
+        assert r.status_code < 500, (body, r.text)
+        assert r.headers["content-type"].startswith(("application/json", "text/event-stream")), r.text
+
+    try:
+        post()
+    finally:
+        serve.delete("fuzz")
+    assert 200 in statuses and 400 in statuses

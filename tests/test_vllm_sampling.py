@@ -76,3 +76,63 @@ def test_streaming_reproduces_the_serial_chain_on_a_real_model(vllm_engine):
     while vllm_engine._llm.get_num_unfinished_requests() and time.monotonic() < deadline:
         time.sleep(0.1)
     assert vllm_engine._llm.get_num_unfinished_requests() == 0
+
+
+def test_a_request_at_the_context_limit_is_scored_and_one_token_more_is_refused(vllm_engine):
+    """The scoring pass prefills context + completion and asks for one token: the usable context
+    is max_model_len - 1. At that limit vLLM serves both passes; one token more is refused by
+    validate (a 400 over HTTP, checked against the same context_length), not by vLLM (a 500)."""
+    from presto_ray.engines.base import ProposalRequest
+
+    limit = vllm_engine.context_length
+    assert limit == vllm_engine.max_model_len - 1
+    max_new = 4
+    filler = vllm_engine.tokenizer.encode_raw(" the cat sat on the mat" * 400)[: limit - max_new]
+    at_limit = ProposalRequest(tuple(filler), (), max_new, 1.0, seed=1, stop_at_eos=False)
+    (completion,) = vllm_engine.generate([at_limit]).completions
+    assert len(completion.token_ids) == max_new and len(completion.logp0) == max_new
+    over = ProposalRequest(tuple(filler) + (filler[0],), (), max_new, 1.0, seed=1, stop_at_eos=False)
+    with pytest.raises(ValueError, match="scoring pass"):
+        vllm_engine.validate(over)
+
+
+SHUTDOWN_SCRIPT = """
+import time
+
+from presto_ray import SamplerConfig, sample
+from presto_ray.engines.vllm_engine import VLLMEngine
+
+if __name__ == "__main__":
+    engine = VLLMEngine()
+    sample(engine, engine.tokenizer.encode("Say hi."), SamplerConfig(block_size=4, mh_steps=1, prefetch_budget=1))
+    core = engine._llm.engine_core
+    stop_core = core.shutdown
+
+    def slow_core_shutdown(*args, **kwargs):  # a busy machine: the loop runs before AsyncLLM cancels its handler
+        stop_core(*args, **kwargs)
+        time.sleep(1.0)
+
+    core.shutdown = slow_core_shutdown
+    engine.shutdown()
+    print("shut down", flush=True)
+"""
+
+
+def test_a_clean_run_shuts_vllm_down_without_a_traceback(tmp_path):
+    """AsyncLLM.shutdown stops the engine core before it cancels its output handler; when the loop
+    runs in between (a busy machine; `make sample` did every time), the handler logged the dead
+    core's EngineDeadError with a traceback. The engine cancels the handler first: nothing to log.
+    A fresh engine in its own process (the shared one must stay up), with that window held open."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = tmp_path / "shutdown.py"
+    script.write_text(SHUTDOWN_SCRIPT)
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": f"{root}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and "shut down" in proc.stdout, output[-3000:]
+    assert "Traceback" not in output and "EngineDeadError" not in output, output[-3000:]

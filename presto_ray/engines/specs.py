@@ -65,6 +65,10 @@ class ToyEngineSpec(BaseModel):
 
         return ToyTokenizer(self.vocab_size, self.eos_token_id)
 
+    def sample_identity(self) -> dict:
+        """What the samples depend on (resume keys): the model's tables, not the latency model."""
+        return self.model_dump(mode="json", exclude={"call_latency_s", "token_latency_s"})
+
 
 class VLLMEngineConfig(BaseModel):
     """vLLM settings. Defaults are the CPU settings measured to matter (see ENGINE_NOTES.md)."""
@@ -114,7 +118,8 @@ class VLLMEngineConfig(BaseModel):
 
     @property
     def context_length(self) -> int:
-        return self.max_model_len
+        # the scoring pass prefills prompt + prefix + completion and asks vLLM for one more token
+        return self.max_model_len - 1
 
     @property
     def gpus_per_replica(self) -> int:
@@ -135,6 +140,21 @@ class VLLMEngineConfig(BaseModel):
         from presto_ray.engines.vllm_engine import load_tokenizer
 
         return load_tokenizer(self)
+
+    def sample_identity(self) -> dict:
+        """What the samples depend on (resume keys): the settings that change numbers, and the
+        model folder's identity (its config and the names and sizes of its weight files), not
+        memory, batch or thread settings."""
+        from presto_ray.engines.vllm_engine import resolve_model_dir
+
+        model_dir = Path(resolve_model_dir(self))
+        weights = sorted((f.name, f.stat().st_size) for f in model_dir.iterdir() if f.suffix in (".safetensors", ".bin"))
+        throughput_only = {"gpu_memory_utilization", "max_num_seqs", "speculation_batch", "cpu_threads_bind", "enforce_eager"}
+        return {
+            **self.model_dump(mode="json", exclude=throughput_only),
+            "model_config": (model_dir / "config.json").read_text(),
+            "model_weights": weights,
+        }
 
 
 EngineSpec = Annotated[Union[ToyEngineSpec, VLLMEngineConfig], Field(discriminator="kind")]

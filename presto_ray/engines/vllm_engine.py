@@ -137,7 +137,8 @@ class VLLMEngine:
         self.startup_time_s = time.perf_counter() - start
         self.tokenizer = HFTokenizer(self._llm.get_tokenizer(), config.chat_template_for_prompts)
         self.eos_token_id: int | None = self.tokenizer.eos_token_id
-        self.max_model_len = self.context_length = config.max_model_len
+        self.max_model_len = config.max_model_len
+        self.context_length = config.context_length  # max_model_len - 1: the scoring pass needs one token more
         self.model_name = config.model_name
 
     async def _start(self):
@@ -177,14 +178,15 @@ class VLLMEngine:
         return await asyncio.wrap_future(future)
 
     def validate(self, request: ProposalRequest) -> None:
-        """Refuse a request vLLM could not serve (no context, or over max_model_len)."""
+        """Refuse a request vLLM could not serve: no context, or a scoring pass over max_model_len
+        (it prefills context + completion and generates one token, so one slot more than sampling)."""
         context = len(request.context_token_ids)
         if context == 0:
             raise ValueError("a request needs at least one prompt or prefix token")
-        if context + request.max_new_tokens > self.max_model_len:
+        if context + request.max_new_tokens > self.context_length:
             raise ValueError(
-                f"prompt + prefix ({context}) + max_new_tokens ({request.max_new_tokens}) exceeds "
-                f"max_model_len ({self.max_model_len})"
+                f"prompt + prefix ({context}) + max_new_tokens ({request.max_new_tokens}) exceeds the context of "
+                f"{self.context_length} tokens (max_model_len {self.max_model_len} less the scoring pass's one token)"
             )
 
     async def _final(self, token_ids: list[int], params) -> object:
@@ -281,11 +283,22 @@ class VLLMEngine:
     # --- lifecycle -------------------------------------------------------------------------
     def shutdown(self) -> None:
         if getattr(self, "_llm", None) is not None:
+            # AsyncLLM.shutdown stops the engine core first and cancels its output handler last:
+            # in between, the handler reads the dead core's EngineDeadError and logs it with a
+            # traceback. Cancelling the handler first (on its own loop) leaves nothing to report.
+            if self._loop.is_running():
+                self._run(self._stop_output_handler())
             self._llm.shutdown()
             self._llm = None
         if self._loop.is_running():
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout=10)
+
+    async def _stop_output_handler(self) -> None:
+        handler = getattr(self._llm, "output_handler", None)
+        if handler is not None and not handler.done():
+            handler.cancel()
+            await asyncio.gather(handler, return_exceptions=True)
 
     def __enter__(self) -> "VLLMEngine":
         return self
