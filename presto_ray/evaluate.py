@@ -39,7 +39,8 @@ def wilson_interval(successes: int, n: int, z: float = 1.959963984540054) -> tup
     denominator = 1 + z * z / n
     centre = (p + z * z / (2 * n)) / denominator
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denominator
-    return max(0.0, centre - half), min(1.0, centre + half)
+    # the interval contains p; clamping also keeps rounding from putting 0 successes above 0
+    return min(p, max(0.0, centre - half)), max(p, min(1.0, centre + half))
 
 
 @dataclass
