@@ -206,17 +206,22 @@ class ValidationReport:
         body = [
             [
                 r["statistic"],
-                f"{r['mean_serial']:.4g}",
-                f"{r['mean_prefetch']:.4g}",
-                f"{r['difference']:+.4g}",
-                f"[{r['ci_low']:+.4g}, {r['ci_high']:+.4g}]",
-                f"±{r['margin']:.4g} ({r['margin_kind']})",
+                _num(r["mean_serial"]),
+                _num(r["mean_prefetch"]),
+                _num(r["difference"], "+"),
+                f"[{_num(r['ci_low'], '+')}, {_num(r['ci_high'], '+')}]",
+                f"±{_num(r['margin'])} ({r['margin_kind']})",
                 f"{r['p_value']:.3g}",
                 "equivalent" if r["equivalent"] else "NOT equivalent",
             ]
             for r in self.rows
         ]
         return format_table(headers, body)
+
+
+def _num(x: float, sign: str = "") -> str:
+    """4 significant digits, without exponents for the small differences a table shows."""
+    return f"{x:{sign}.4g}" if x == 0 or abs(x) >= 1e-3 else f"{x:{sign}.5f}"
 
 
 def format_table(headers: list[str], body: list[list[str]]) -> str:
