@@ -226,7 +226,7 @@ def _num(x: float, sign: str = "") -> str:
 
 def format_table(headers: list[str], body: list[list[str]]) -> str:
     """A Markdown table, aligned for the terminal too."""
-    widths = [max(len(row[i]) for row in [headers, *body]) for i in range(len(headers))]
+    widths = [max(3, *(len(row[i]) for row in [headers, *body])) for i in range(len(headers))]
 
     def line(cells):
         return "| " + " | ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths))) + " |"
@@ -284,6 +284,14 @@ def run_validation(
             {"prompt_id": pid, "chain": c, "seed": seed, **sample_statistics(r, config.alpha)}
             for (pid, _, c), seed, r in zip(work, seeds, results)
         ]
+    n = len(samples["serial"])
+    half_width = 1.6449 * math.sqrt(2.0 / n)  # in pooled sd, large-sample quantile at alpha 0.05
+    if not margins.absolute and half_width > 0.6 * margins.sd:
+        notes.append(
+            f"{n} samples per side: a 90% interval spans about ±{half_width:.2f} sd, so even equal laws pass a "
+            f"{margins.sd:g} sd margin only while the observed difference stays below {max(0.0, margins.sd - half_width):.2f} sd; "
+            f"about {math.ceil(2 * (3.6 / margins.sd) ** 2)} samples per side give equal laws a 95% chance per statistic"
+        )
     rows = []
     for name in STATISTICS:
         a = [x[name] for x in samples["serial"]]
