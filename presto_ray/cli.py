@@ -177,6 +177,20 @@ def _run_with_backend(args: argparse.Namespace, config, command: str, work) -> i
         backend.close()
 
 
+def _provenance(config) -> dict:
+    """When and with what a report was made (the command line, the engine spec)."""
+    from datetime import datetime, timezone
+
+    from presto_ray import __version__
+
+    return {
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "presto_ray_version": __version__,
+        "argv": sys.argv[1:],
+        "engine": config.engine.model_dump(),
+    }
+
+
 def cmd_validate(args: argparse.Namespace) -> int:
     from presto_ray.job import encode_prompt
     from presto_ray.output import write_json_atomic
@@ -211,7 +225,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
             fault=args.fault,
             progress=lambda msg: print(msg, file=sys.stderr, flush=True),
         )
-        write_json_atomic(report.to_json(), args.out)
+        write_json_atomic({**report.to_json(), **_provenance(config)}, args.out)
         side = config.sampler.traversal + ("/streaming" if config.sampler.schedule == "streaming" else "")
         n = len(prompts) * config.chains_per_prompt
         print(f"serial vs {side}: {len(prompts)} prompts x {config.chains_per_prompt} chains = {n} samples per side"
@@ -248,7 +262,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
             backend, problems, config.sampler, task=args.task, seed=config.sampler.seed, methods=methods,
             progress=lambda msg: print(msg, file=sys.stderr, flush=True),
         )  # fmt: skip
-        write_json_atomic(report.to_json(), args.out)
+        write_json_atomic({**report.to_json(), **_provenance(config)}, args.out)
         print(f"{args.task}: {len(problems)} problems (task seed {args.task_seed}), answers up to {config.sampler.horizon} tokens")
         print(report.table())
         wrote = [args.out]
