@@ -233,7 +233,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
         print(report.table())
         for note in report.notes:
             print(f"note: {note}")
-        print(f"equivalent: {report.equivalent}")
+        print(f"equivalent: {report.equivalent}   (wall time: serial {report.wall_time_s['serial']:.1f} s, "
+              f"prefetch {report.wall_time_s['prefetch']:.1f} s)")
         print(f"wrote {args.out}")
         return 0
 
