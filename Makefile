@@ -40,7 +40,7 @@ validate-real: $(STAMP)
 	$(VENV)/bin/presto-ray validate --config configs/validate.yaml --prompts examples/validate_prompts.jsonl --out bench/results/validate_vllm_cpu.json
 
 eval-real: $(STAMP)
-	$(VENV)/bin/presto-ray eval --config configs/eval.yaml --n 12 --out bench/results/eval_vllm_cpu.json --png bench/results/eval_vllm_cpu.png
+	$(VENV)/bin/presto-ray eval --config configs/eval.yaml --n 36 --out bench/results/eval_vllm_cpu.json --png bench/results/eval_vllm_cpu.png
 
 clean:
 	rm -rf $(VENV) out .pytest_cache .hypothesis
