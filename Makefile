@@ -6,7 +6,7 @@ PYTHON ?= python3
 STAMP := $(VENV)/.installed
 PIP := $(VENV)/bin/pip
 
-.PHONY: install sample test bench bench-virtual bench-real bench-ray clean
+.PHONY: install sample test bench bench-virtual bench-real bench-ray validate-real eval-real clean
 
 install: $(STAMP)
 
@@ -35,6 +35,12 @@ bench-virtual: $(STAMP)
 
 bench-real: $(STAMP)
 	$(VENV)/bin/presto-ray bench-real --out bench/results/vllm_cpu_streaming.json --png bench/results/vllm_cpu_streaming.png
+
+validate-real: $(STAMP)
+	$(VENV)/bin/presto-ray validate --config configs/validate.yaml --prompts examples/validate_prompts.jsonl --out bench/results/validate_vllm_cpu.json
+
+eval-real: $(STAMP)
+	$(VENV)/bin/presto-ray eval --config configs/eval.yaml --n 36 --out bench/results/eval_vllm_cpu.json --png bench/results/eval_vllm_cpu.png
 
 clean:
 	rm -rf $(VENV) out .pytest_cache .hypothesis

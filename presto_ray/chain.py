@@ -369,7 +369,8 @@ class Chain:
     def result(self, wall_time_s: float = 0.0) -> SampleResult:
         """The sample and its statistics; `wall_time_s`: the chain's run time, as its driver measured."""
         self.stats.wall_time_s = wall_time_s
-        return SampleResult(self.output_token_ids, self.stats)
+        tokens = self.output_token_ids
+        return SampleResult(tokens, self.stats, tuple(float(v) for v in self.state.logp0[: len(tokens)]))
 
     @property
     def output_token_ids(self) -> tuple[int, ...]:

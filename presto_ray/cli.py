@@ -1,4 +1,4 @@
-"""The `presto-ray` command line: `sample` (the main job) and `bench`."""
+"""The `presto-ray` command line: `sample` (the main job), `validate`, `eval`, `serve` and the benchmarks."""
 
 from __future__ import annotations
 
@@ -140,6 +140,141 @@ def _sample_on_ray(args: argparse.Namespace, items, config) -> int:
     print(f"wrote {len(summary.rows)} samples to {out}/ ({summary.skipped + summary.samples} in all)")
     _print_summary(summary, args.show)
     return 0
+
+
+def _backend(args: argparse.Namespace, config):
+    """Where validate and eval run: the in-process driver, or Ray (--ray)."""
+    if args.ray:
+        try:
+            from actors.ray_backend import RayBackend
+        except ImportError as e:
+            raise _BadInput(f"--ray needs Ray: pip install 'presto-ray[ray]' ({e})") from None
+        return RayBackend(config, address=args.address)
+    if args.address:
+        raise _BadInput("--address needs --ray")
+    from presto_ray.backend import LocalBackend
+    from presto_ray.engines import build_engine
+
+    return LocalBackend(build_engine(config.engine), config.max_active_chains)
+
+
+def _run_with_backend(args: argparse.Namespace, config, command: str, work) -> int:
+    """Build the backend, run `work(backend)`, close it; bad input or a failed start is exit 2."""
+    from presto_ray.models import ModelProvisionError
+
+    if args.ray and (refused := _rounds_only(config, f"{command} --ray")):
+        return refused
+    try:
+        backend = _backend(args, config)
+    except _BadInput as e:
+        return _fail(str(e))
+    except ModelProvisionError as e:
+        return _fail(str(e))
+    try:
+        return work(backend)
+    except ValueError as e:  # e.g. a prompt longer than the model's context, a serial config
+        return _fail(str(e))
+    finally:
+        backend.close()
+
+
+def _provenance(config) -> dict:
+    """When and with what a report was made (the command line, the engine spec)."""
+    from datetime import datetime, timezone
+
+    from presto_ray import __version__
+
+    return {
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "presto_ray_version": __version__,
+        "argv": sys.argv[1:],
+        "engine": config.engine.model_dump(),
+    }
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from presto_ray.job import encode_prompt
+    from presto_ray.output import write_json_atomic
+    from presto_ray.prompts import PromptFileError, read_prompts
+    from presto_ray.validate import Margins, run_validation
+
+    try:
+        config = _load_job_config(args)
+        margins = Margins.parse(args.margin or [])
+    except _BadInput as e:
+        return _fail(str(e))
+    except ValueError as e:
+        return _fail(f"--margin: {e}")
+    if not 0.0 < args.alpha_level < 0.5:
+        return _fail("--alpha-level must be in (0, 0.5)")
+    if config.sampler.traversal == "serial":
+        return _fail("sampler.traversal is 'serial': validate compares serial with bfs or predictive prefetching")
+    try:
+        items = read_prompts(args.prompts)
+    except PromptFileError as e:
+        return _fail(str(e))
+
+    def work(backend) -> int:
+        prompts = [(item.id, encode_prompt(backend.tokenizer, item)) for item in items]
+        report = run_validation(
+            backend,
+            prompts,
+            config.sampler,
+            chains_per_prompt=config.chains_per_prompt,
+            margins=margins,
+            alpha_level=args.alpha_level,
+            fault=args.fault,
+            progress=lambda msg: print(msg, file=sys.stderr, flush=True),
+        )
+        write_json_atomic({**report.to_json(), **_provenance(config)}, args.out)
+        side = config.sampler.traversal + ("/streaming" if config.sampler.schedule == "streaming" else "")
+        n = len(prompts) * config.chains_per_prompt
+        print(f"serial vs {side}: {len(prompts)} prompts x {config.chains_per_prompt} chains = {n} samples per side"
+              + (" (FAULT: prefetching without the length correction)" if args.fault else ""))
+        print(report.table())
+        for note in report.notes:
+            print(f"note: {note}")
+        print(f"equivalent: {report.equivalent}   (wall time: serial {report.wall_time_s['serial']:.1f} s, "
+              f"prefetch {report.wall_time_s['prefetch']:.1f} s)")
+        print(f"wrote {args.out}")
+        return 0
+
+    return _run_with_backend(args, config, "validate", work)
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from presto_ray.eval_tasks import build_task
+    from presto_ray.evaluate import METHODS, plot_report, run_eval
+    from presto_ray.output import write_json_atomic
+
+    try:
+        config = _load_job_config(args)
+    except _BadInput as e:
+        return _fail(str(e))
+    methods = args.methods.split(",") if args.methods else list(METHODS)
+    if unknown := set(methods) - set(METHODS):
+        return _fail(f"--methods: unknown {sorted(unknown)}; known: {','.join(METHODS)}")
+    try:
+        problems = build_task(args.task, args.n, args.task_seed)
+    except ValueError as e:
+        return _fail(str(e))
+
+    def work(backend) -> int:
+        report = run_eval(
+            backend, problems, config.sampler, task=args.task, seed=config.sampler.seed, methods=methods,
+            progress=lambda msg: print(msg, file=sys.stderr, flush=True),
+        )  # fmt: skip
+        write_json_atomic({**report.to_json(), **_provenance(config)}, args.out)
+        print(f"{args.task}: {len(problems)} problems (task seed {args.task_seed}), answers up to {config.sampler.horizon} tokens")
+        print(report.table())
+        wrote = [args.out]
+        if args.png:
+            plot_report(report, args.png)
+            wrote.append(args.png)
+        print("wrote " + " and ".join(wrote))
+        return 0
+
+    return _run_with_backend(args, config, "eval", work)
 
 
 def cmd_model(args: argparse.Namespace) -> int:
@@ -310,6 +445,40 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--port", type=int, default=None, help="port (overrides serve.port; default 8000)")
     v.add_argument("--address", default=None, help="Ray cluster address (default: RAY_ADDRESS, else a local Ray)")
     v.set_defaults(func=cmd_serve)
+
+    a = sub.add_parser(
+        "validate",
+        help="TOST: does prefetching sample the serial chain's law on this model? (serial vs the config's traversal)",
+    )
+    a.add_argument("--config", default=None, help="YAML job config (engine, sampler; its traversal is the prefetching side)")
+    a.add_argument("--prompts", default=str(EXAMPLES), help="JSONL or Parquet with id and prompt/messages")
+    a.add_argument("--chains", type=int, default=None, help="chains per prompt and side (overrides chains_per_prompt)")
+    a.add_argument("--seed", type=int, default=None, help="seed of both sides' chains (overrides the config)")
+    a.add_argument("--out", default="out/validate.json", help="JSON report (top-level key `equivalent`)")
+    a.add_argument(
+        "--margin", action="append", default=None, metavar="SD|NAME=VALUE",
+        help="equivalence margin: a number sets every statistic's margin in pooled standard deviations "
+        "(default 0.5); NAME=VALUE an absolute margin for one statistic (mean_logp0, length, alpha_logp0, "
+        "acceptance_rate); repeatable",
+    )  # fmt: skip
+    a.add_argument("--alpha-level", type=float, default=0.05, help="level of each one-sided test (default 0.05: a 90%% CI)")
+    a.add_argument("--fault", action="store_true", help="break the prefetching side's kernel (no length correction): the check must fail")
+    a.add_argument("--ray", action="store_true", help="run the chains through Ray (replicas and the batching coordinator)")
+    a.add_argument("--address", default=None, help="Ray cluster address (default: RAY_ADDRESS, else a local Ray)")
+    a.set_defaults(func=cmd_validate)
+
+    e = sub.add_parser("eval", help="accuracy on a verifiable task: greedy, temperature 1, tau = 1/alpha, power sampling")
+    e.add_argument("--config", default=None, help="YAML job config (engine, sampler: alpha, steps, horizon)")
+    e.add_argument("--task", default="arithmetic", help="the task (arithmetic: generated word problems, levels 1-3)")
+    e.add_argument("--n", type=int, default=30, help="problems (default 30)")
+    e.add_argument("--task-seed", type=int, default=0, help="seed of the generated problems")
+    e.add_argument("--seed", type=int, default=None, help="seed of the sampling methods (overrides the config)")
+    e.add_argument("--methods", default=None, help="comma-separated subset of greedy,temperature_1,low_temperature,power")
+    e.add_argument("--out", default="out/eval.json", help="JSON report (key `methods`)")
+    e.add_argument("--png", default="out/eval.png", help="plot of accuracy and log-likelihood ('' for none)")
+    e.add_argument("--ray", action="store_true", help="run through Ray (replicas and the batching coordinator)")
+    e.add_argument("--address", default=None, help="Ray cluster address (default: RAY_ADDRESS, else a local Ray)")
+    e.set_defaults(func=cmd_eval)
 
     y = sub.add_parser("bench-ray", help="Ray throughput against concurrent chains (toy latency model, vLLM)")
     y.add_argument("--chains", default="1,2,4,8,16,32,64", help="chain counts on the toy engine")

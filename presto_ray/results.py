@@ -44,3 +44,4 @@ class SampleStats:
 class SampleResult:
     token_ids: tuple[int, ...]  # generated tokens only, ending with EOS when the chain stopped there
     stats: SampleStats
+    logp0: tuple[float, ...] = ()  # log p0 of each token in token_ids (what `presto-ray validate` tests)

@@ -14,6 +14,9 @@ FinishReason = Literal["stop", "length"]
 class ProposalRequest:
     """Sample up to `max_new_tokens` tokens from q_tau after prompt + prefix.
 
+    `temperature` 0 means greedy decoding (argmax of p0; `presto-ray eval` uses it, no MH kernel
+    does): log q of a greedy token is 0 on the toy and whatever the engine reports on vLLM.
+
     The completion must be a deterministic function of (seed, prompt, prefix, max_new_tokens,
     temperature, stop_at_eos): that is what lets one request serve every tree node that needs it.
     """

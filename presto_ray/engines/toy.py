@@ -124,16 +124,17 @@ class ToyEngine:
         logq: list[float] = []
         entropy: list[float] = []
         finish = "length"
-        inv_tau = 1.0 / request.temperature
+        greedy = request.temperature == 0.0  # argmax decoding: q puts all its mass on one token
+        inv_tau = 0.0 if greedy else 1.0 / request.temperature
         for _ in range(request.max_new_tokens):
             z = self._logits(h, last)
             zq = z * inv_tau
-            token = int(np.argmax(zq + noise_rng.gumbel(size=self.vocab_size)))
+            token = int(np.argmax(z)) if greedy else int(np.argmax(zq + noise_rng.gumbel(size=self.vocab_size)))
             lp = _log_softmax(z)
             tokens.append(token)
             logp0.append(float(lp[token]))
             entropy.append(float(-(np.exp(lp) * lp).sum()))
-            logq.append(float(_log_softmax(zq)[token]))
+            logq.append(0.0 if greedy else float(_log_softmax(zq)[token]))
             h, last = self._push(h, token), token
             if request.stop_at_eos and token == self.eos_token_id:
                 finish = "stop"

@@ -1,0 +1,55 @@
+"""`validate --ray` and `eval --ray`: the backend of presto_ray/backend.py on the Ray layer.
+
+Engine replicas and the batching coordinator come from `SamplingCluster`; chains run as
+coroutines in the driver through `drive_chain` (the loop chain actors and Serve share), so a
+kernel given to `sample` (validate's fault) needs no pickling; plain generations are one
+`submit` to the coordinator, which batches and routes them like any chain's round.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+
+from actors.chain_actor import drive_chain
+from actors.cluster import SamplingCluster
+from presto_ray.chain import Chain
+from presto_ray.engines.specs import build_tokenizer
+
+
+class RayBackend:
+    def __init__(self, job_config, *, address: str | None = None, replicas: list | None = None) -> None:
+        self.tokenizer = build_tokenizer(job_config.engine)
+        self.eos_token_id = self.tokenizer.eos_token_id
+        self.cluster = SamplingCluster(job_config.engine, job_config.ray, address=address, replicas=replicas).start()
+        self._ids = itertools.count()
+
+    def sample(self, prompts, configs, kernel_factory=None):
+        chains = [
+            Chain(p, c, self.eos_token_id, kernel=kernel_factory(c) if kernel_factory else None)
+            for p, c in zip(prompts, configs, strict=True)
+        ]
+
+        async def run():
+            return await asyncio.gather(
+                *(drive_chain(self.cluster.coordinator, ("presto-ray", next(self._ids)), chain) for chain in chains)
+            )
+
+        return list(asyncio.run(run()))
+
+    def generate(self, requests):
+        if not requests:
+            return []
+        chain_id = ("presto-ray-generate", next(self._ids))
+        coordinator = self.cluster.coordinator
+
+        async def run():
+            try:
+                return await coordinator.submit.remote(chain_id, list(requests))
+            finally:
+                await coordinator.chain_finished.remote(chain_id)
+
+        return list(asyncio.run(run()))
+
+    def close(self) -> None:
+        self.cluster.shutdown()

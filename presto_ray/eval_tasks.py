@@ -1,0 +1,115 @@
+"""Verifiable tasks for `presto-ray eval`: generated problems with exact answers, and an extractor.
+
+`arithmetic`: word problems in three graded levels, reproducible from a seed:
+
+- level 1: one addition or subtraction of numbers below 20;
+- level 2: two operations (add, subtract) on numbers below 50;
+- level 3: a multiplication, then an addition or subtraction (numbers below 12 and 30).
+
+Every answer is a non-negative integer. The extractor reads the model's final number.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from dataclasses import dataclass
+
+TASKS = ("arithmetic",)
+LEVELS = (1, 2, 3)
+INSTRUCTION = "Answer with the final number."
+
+_NAMES = ("Ana", "Ben", "Chen", "Dara", "Eli", "Fatima", "Gus", "Hana", "Ivan", "Jo", "Kai", "Lena")
+_ITEMS = ("apples", "marbles", "stickers", "books", "pencils", "cookies", "coins", "stamps", "shells", "cards")
+
+
+@dataclass(frozen=True)
+class Problem:
+    id: str
+    question: str  # the prompt, instruction included
+    answer: int
+    level: int
+
+
+def _level1(rng: random.Random, name: str, item: str) -> tuple[str, int]:
+    a, b = rng.randint(2, 19), rng.randint(1, 19)
+    if rng.random() < 0.5:
+        return f"{name} has {a} {item}. {name} gets {b} more. How many {item} does {name} have now?", a + b
+    a, b = max(a, b), min(a, b)
+    return f"{name} has {a} {item} and gives away {b}. How many {item} does {name} have left?", a - b
+
+
+def _level2(rng: random.Random, name: str, item: str) -> tuple[str, int]:
+    a, b = rng.randint(10, 49), rng.randint(2, 49)
+    c = rng.randint(1, a + b - 1)
+    return (
+        f"{name} has {a} {item}, buys {b} more and then gives {c} to a friend. "
+        f"How many {item} does {name} have now?",
+        a + b - c,
+    )
+
+
+def _level3(rng: random.Random, name: str, item: str) -> tuple[str, int]:
+    boxes, per_box = rng.randint(2, 11), rng.randint(2, 11)
+    extra = rng.randint(1, 29)
+    if rng.random() < 0.5:
+        return (
+            f"{name} has {boxes} boxes with {per_box} {item} in each box, and {extra} loose {item}. "
+            f"How many {item} does {name} have in total?",
+            boxes * per_box + extra,
+        )
+    extra = min(extra, boxes * per_box - 1)
+    return (
+        f"{name} has {boxes} boxes with {per_box} {item} in each box and gives away {extra} {item}. "
+        f"How many {item} does {name} have left?",
+        boxes * per_box - extra,
+    )
+
+
+_BUILDERS = {1: _level1, 2: _level2, 3: _level3}
+
+
+def arithmetic_problems(n: int, seed: int = 0) -> list[Problem]:
+    """`n` problems, levels 1, 2, 3 in turn; the same (n, seed) always gives the same problems,
+    and the first k of n problems are the k problems of `arithmetic_problems(k, seed)`."""
+    if n < 1:
+        raise ValueError("n must be at least 1")
+    problems = []
+    for i in range(n):
+        rng = random.Random(f"arithmetic:{seed}:{i}")  # one stream per problem: prefixes are stable
+        level = LEVELS[i % len(LEVELS)]
+        question, answer = _BUILDERS[level](rng, rng.choice(_NAMES), rng.choice(_ITEMS))
+        problems.append(Problem(f"arith-{seed}-{i}", f"{question} {INSTRUCTION}", answer, level))
+    return problems
+
+
+def build_task(task: str, n: int, seed: int = 0) -> list[Problem]:
+    if task == "arithmetic":
+        return arithmetic_problems(n, seed)
+    raise ValueError(f"unknown task {task!r}; known: {', '.join(TASKS)}")
+
+
+_NUMBER = r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?|-?\d+(?:\.\d+)?"
+_MARKED = [  # explicit answer markers, most specific first; the last match of the first marker found wins
+    re.compile(r"\\boxed\{\s*(" + _NUMBER + r")\s*\}"),
+    re.compile(r"####\s*(" + _NUMBER + r")"),
+    re.compile(r"answer\s*(?:is|:|=)?\s*:?\s*\**\s*\$?(" + _NUMBER + r")", re.IGNORECASE),
+]
+_ANY = re.compile(r"(?<![\w.])(" + _NUMBER + r")")
+
+
+def _to_int(text: str) -> int | None:
+    value = float(text.replace(",", ""))
+    return int(value) if value.is_integer() else None
+
+
+def extract_answer(text: str) -> int | None:
+    """The integer the text answers with: after an explicit marker (\\boxed{..}, '####',
+    'answer is ..'), else the last number in the text; None when there is none or it is not an
+    integer. Thousands separators are read ('1,234' is 1234); '12.0' is 12; '12.5' is None."""
+    for pattern in _MARKED:
+        found = pattern.findall(text)
+        if found:
+            return _to_int(found[-1])
+    found = _ANY.findall(text)
+    return _to_int(found[-1]) if found else None

@@ -1,0 +1,160 @@
+"""`presto-ray validate`: the TOST itself, the toy check that passes for the sampler and fails for
+the broken kernel, a short run on vLLM, and the Ray path."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import yaml
+from scipy import stats
+
+from presto_ray.backend import LocalBackend
+from presto_ray.cli import main
+from presto_ray.config import SamplerConfig
+from presto_ray.engines.base import ProposalRequest
+from presto_ray.validate import STATISTICS, Margins, faulty_kernel, run_validation, tost
+
+# A toy where answers end at EOS after ~8 of 24 tokens with a wide spread of lengths, and alpha = 1
+# (target p0, proposal p0): the MH ratio is then the length correction alone, so the fault bites
+# hard (measured: acceptance +1.5 sd, length +0.8 sd) while 2 x 60 samples per side take seconds.
+TOY_JOB = {
+    "engine": {"kind": "toy", "vocab_size": 16, "eos_token_id": 0, "seed": 1, "logit_scale": 1.0, "eos_bias": 1.0},
+    "sampler": {"alpha": 1.0, "block_size": 24, "mh_steps": 10, "prefetch_budget": 8, "traversal": "predictive", "seed": 0},
+    "chains_per_prompt": 60,
+}
+
+
+# --- the test on synthetic data --------------------------------------------------------------
+def test_tost_calls_equal_means_equivalent_and_shifted_ones_not():
+    rng = np.random.default_rng(0)
+    a, b = rng.normal(0.0, 1.0, 300), rng.normal(0.0, 1.0, 300)
+    assert tost(a, b, margin=0.5).equivalent
+    shifted = rng.normal(1.0, 1.0, 300)
+    result = tost(a, shifted, margin=0.5)
+    assert not result.equivalent and result.ci_low > 0.5
+    # too few samples cannot show equivalence even when the means agree
+    assert not tost(a[:5], b[:5], margin=0.5).equivalent
+
+
+def test_tost_agrees_with_two_one_sided_welch_tests():
+    """The two p-values are scipy's one-sided Welch tests of the shifted samples."""
+    rng = np.random.default_rng(1)
+    a, b = rng.normal(0.0, 1.0, 40), rng.normal(0.3, 2.0, 70)
+    result = tost(a, b, margin=0.4, alpha=0.05)
+    lower = stats.ttest_ind(b + 0.4, a, equal_var=False, alternative="greater").pvalue
+    upper = stats.ttest_ind(b - 0.4, a, equal_var=False, alternative="less").pvalue
+    assert result.p_lower == pytest.approx(lower, rel=1e-9)
+    assert result.p_upper == pytest.approx(upper, rel=1e-9)
+    # equivalent exactly when the 90% interval lies inside the margin
+    for margin in np.linspace(0.0, 2.0, 41):
+        r = tost(a, b, margin=margin)
+        assert r.equivalent == (-margin < r.ci_low and r.ci_high < margin)
+
+
+def test_tost_without_spread_compares_the_exact_difference():
+    assert tost([5, 5, 5], [5, 5], margin=0.0).equivalent
+    assert tost([5, 5, 5], [6, 6], margin=0.5).equivalent is False
+    assert tost([5, 5, 5], [6, 6], margin=1.5).equivalent
+
+
+def test_margins_parse_standardised_and_absolute():
+    m = Margins.parse(["0.3", "length=2"])
+    assert m.sd == 0.3 and m.absolute == {"length": 2.0}
+    a, b = [0.0, 2.0], [0.0, 2.0]
+    assert m.margin("length", a, b) == (2.0, "absolute")
+    assert m.margin("mean_logp0", a, b)[0] == pytest.approx(0.3 * np.std(a + b, ddof=1))
+    with pytest.raises(ValueError, match="unknown statistic"):
+        Margins.parse(["lenght=2"])
+    with pytest.raises(ValueError, match="expected a number"):
+        Margins.parse(["wide"])
+
+
+# --- on the toy: the sampler passes, the broken kernel fails ---------------------------------
+@pytest.fixture
+def toy_config(tmp_path):
+    path = tmp_path / "toy.yaml"
+    path.write_text(yaml.safe_dump(TOY_JOB))
+    return path
+
+
+def _validate(config, tmp_path, *extra) -> dict:
+    out = tmp_path / f"validate{len(extra)}.json"
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"id": "a", "prompt": "hello"}\n{"id": "b", "prompt": "sum"}\n')
+    assert main(["validate", "--config", str(config), "--prompts", str(prompts), "--out", str(out), *extra]) == 0
+    return json.loads(out.read_text())
+
+
+def test_validate_on_the_toy_passes_for_prefetching_and_fails_without_the_length_correction(toy_config, tmp_path, capsys):
+    report = _validate(toy_config, tmp_path)
+    assert report["equivalent"] is True
+    assert [r["statistic"] for r in report["rows"]] == list(STATISTICS)
+    assert all(r["n_serial"] == r["n_prefetch"] == 120 for r in report["rows"])
+    table = capsys.readouterr().out
+    assert "| acceptance_rate" in table and "equivalent: True" in table
+
+    broken = _validate(toy_config, tmp_path, "--fault")  # exit status 0 either way
+    assert broken["equivalent"] is False and broken["fault"] is True
+    verdicts = {r["statistic"]: r["equivalent"] for r in broken["rows"]}
+    assert verdicts["acceptance_rate"] is False and verdicts["length"] is False
+    # the serial side is the same chains in both runs: only the prefetching side was broken
+    assert broken["samples"]["serial"] == report["samples"]["serial"]
+    assert "NOT equivalent" in capsys.readouterr().out
+
+
+def test_validate_refuses_a_serial_config_and_bad_margins(toy_config, tmp_path, capsys):
+    serial = tmp_path / "serial.yaml"
+    serial.write_text(yaml.safe_dump({**TOY_JOB, "sampler": {**TOY_JOB["sampler"], "traversal": "serial"}}))
+    assert main(["validate", "--config", str(serial), "--out", str(tmp_path / "x.json")]) == 2
+    assert "traversal is 'serial'" in capsys.readouterr().err
+    assert main(["validate", "--config", str(toy_config), "--margin", "wide", "--out", str(tmp_path / "x.json")]) == 2
+    assert "--margin" in capsys.readouterr().err
+    assert not (tmp_path / "x.json").exists()
+
+
+def test_faulty_kernel_drops_only_the_cut_correction():
+    from presto_ray.kernels import build_kernel
+
+    config = SamplerConfig(alpha=2.0)
+    assert faulty_kernel(config).cut_correction(None, 0, None) == 0.0
+    assert type(build_kernel(config)).cut_correction is not type(faulty_kernel(config)).cut_correction
+    assert faulty_kernel(SamplerConfig(sampler="multi_try", num_tries=2)).num_tries == 2
+
+
+# --- the real model ----------------------------------------------------------------------
+@pytest.mark.vllm
+def test_validate_on_vllm_completes_and_writes_its_table(vllm_engine, tmp_path):
+    tok = vllm_engine.tokenizer
+    prompts = [("capital", tok.encode("What is the capital of France?")), ("count", tok.encode("Count to five."))]
+    config = SamplerConfig(alpha=4.0, block_size=8, mh_steps=2, prefetch_budget=4, traversal="predictive", seed=3)
+    report = run_validation(LocalBackend(vllm_engine), prompts, config, chains_per_prompt=2)
+    assert len(report.samples["serial"]) == len(report.samples["prefetch"]) == 4
+    assert all(0 < s["length"] <= 8 and s["mean_logp0"] < 0 for s in report.samples["serial"])
+    out = tmp_path / "validate.json"
+    out.write_text(json.dumps(report.to_json()))
+    assert isinstance(json.loads(out.read_text())["equivalent"], bool)
+    assert report.table().count("\n") == 1 + len(STATISTICS)
+
+
+# --- on Ray --------------------------------------------------------------------------------
+def test_validate_on_ray_draws_the_in_process_samples(ray_address):
+    """The Ray path (replicas, coordinator, drive_chain) changes no sample: keyed randomness."""
+    from actors.ray_backend import RayBackend
+    from presto_ray.engines.toy import ToyEngine
+    from presto_ray.job import JobConfig
+
+    job = JobConfig.model_validate({**TOY_JOB, "chains_per_prompt": 4})
+    prompts = [("a", [3, 4, 5]), ("b", [7, 8])]
+    toy = LocalBackend(ToyEngine(16, 0, 1, logit_scale=1.0, eos_bias=1.0))
+    local = run_validation(toy, prompts, job.sampler, chains_per_prompt=4, fault=True)
+    requests = [ProposalRequest((3, 4), (), 6, 0.0, 1), ProposalRequest((7,), (), 6, 1.0, 2)]
+    backend = RayBackend(job, address=ray_address)
+    try:
+        on_ray = run_validation(backend, prompts, job.sampler, chains_per_prompt=4, fault=True)
+        generated = backend.generate(requests)
+    finally:
+        backend.close()
+    assert on_ray.samples == local.samples
+    assert [c.token_ids for c in generated] == [c.token_ids for c in toy.generate(requests)]
