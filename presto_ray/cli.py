@@ -158,12 +158,10 @@ def _backend(args: argparse.Namespace, config):
     return LocalBackend(build_engine(config.engine), config.max_active_chains)
 
 
-def _run_with_backend(args: argparse.Namespace, config, command: str, work) -> int:
+def _run_with_backend(args: argparse.Namespace, config, work) -> int:
     """Build the backend, run `work(backend)`, close it; bad input or a failed start is exit 2."""
     from presto_ray.models import ModelProvisionError
 
-    if args.ray and (refused := _rounds_only(config, f"{command} --ray")):
-        return refused
     try:
         backend = _backend(args, config)
     except _BadInput as e:
@@ -239,7 +237,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         print(f"wrote {args.out}")
         return 0
 
-    return _run_with_backend(args, config, "validate", work)
+    return _run_with_backend(args, config, work)
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
@@ -274,7 +272,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         print("wrote " + " and ".join(wrote))
         return 0
 
-    return _run_with_backend(args, config, "eval", work)
+    return _run_with_backend(args, config, work)
 
 
 def cmd_model(args: argparse.Namespace) -> int:
