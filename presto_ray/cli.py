@@ -391,6 +391,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_ray_options(parser: argparse.ArgumentParser, ray_help: str | None) -> None:
+    """`--address` (and `--ray` with `ray_help`; None: the command always runs on Ray)."""
+    if ray_help is not None:
+        parser.add_argument("--ray", action="store_true", help=ray_help)
+    parser.add_argument("--address", default=None, help="Ray cluster address (default: RAY_ADDRESS, else a local Ray)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="presto-ray", description="Exact power sampling with PreSTO prefetching.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -405,8 +412,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--seed", type=int, default=None, help="job seed (overrides the config)")
     s.add_argument("--show", type=int, default=4, help="print this many sampled texts")
     s.add_argument("--quiet", action="store_true", help="no progress bar")
-    s.add_argument("--ray", action="store_true", help="run on Ray: engine replicas, a batching coordinator, chain actors")
-    s.add_argument("--address", default=None, help="Ray cluster address (default: RAY_ADDRESS, else a local Ray)")
+    _add_ray_options(s, "run on Ray: engine replicas, a batching coordinator, chain actors")
     s.set_defaults(func=cmd_sample)
 
     m = sub.add_parser("model", help="prepare the packaged SmolLM2-135M-Instruct (offline) and print its folder")
@@ -441,7 +447,7 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--config", default=None, help="YAML job config (engine, sampler defaults, ray, serve)")
     v.add_argument("--host", default=None, help="bind address (overrides serve.host; default 127.0.0.1)")
     v.add_argument("--port", type=int, default=None, help="port (overrides serve.port; default 8000)")
-    v.add_argument("--address", default=None, help="Ray cluster address (default: RAY_ADDRESS, else a local Ray)")
+    _add_ray_options(v, None)
     v.set_defaults(func=cmd_serve)
 
     a = sub.add_parser(
@@ -461,8 +467,7 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     a.add_argument("--alpha-level", type=float, default=0.05, help="level of each one-sided test (default 0.05: a 90%% CI)")
     a.add_argument("--fault", action="store_true", help="break the prefetching side's kernel (no length correction): the check must fail")
-    a.add_argument("--ray", action="store_true", help="run the chains through Ray (replicas and the batching coordinator)")
-    a.add_argument("--address", default=None, help="Ray cluster address (default: RAY_ADDRESS, else a local Ray)")
+    _add_ray_options(a, "run the chains through Ray (replicas and the batching coordinator)")
     a.set_defaults(func=cmd_validate)
 
     e = sub.add_parser("eval", help="accuracy on a verifiable task: greedy, temperature 1, tau = 1/alpha, power sampling")
@@ -474,8 +479,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--methods", default=None, help="comma-separated subset of greedy,temperature_1,low_temperature,power")
     e.add_argument("--out", default="out/eval.json", help="JSON report (key `methods`)")
     e.add_argument("--png", default="out/eval.png", help="plot of accuracy and log-likelihood ('' for none)")
-    e.add_argument("--ray", action="store_true", help="run through Ray (replicas and the batching coordinator)")
-    e.add_argument("--address", default=None, help="Ray cluster address (default: RAY_ADDRESS, else a local Ray)")
+    _add_ray_options(e, "run through Ray (replicas and the batching coordinator)")
     e.set_defaults(func=cmd_eval)
 
     y = sub.add_parser("bench-ray", help="Ray throughput against concurrent chains (toy latency model, vLLM)")
