@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import ray
 from ray.exceptions import RayActorError
 
+from actors.coordinator_shards import CoordinatorShards
 from actors.metrics import ChainMetrics
 from actors.stream_protocol import ChainActions
 from presto_ray.chain import Chain
@@ -32,8 +33,8 @@ class ChainActor:
     same sample: the job driver simply submits the same `ChainWork` again.
     """
 
-    def __init__(self, coordinator, eos_token_id: int | None) -> None:
-        self.coordinator = coordinator
+    def __init__(self, coordinators: CoordinatorShards, eos_token_id: int | None) -> None:
+        self.coordinators = coordinators
         self.eos_token_id = eos_token_id
 
     def ready(self) -> bool:
@@ -41,7 +42,7 @@ class ChainActor:
 
     async def run(self, work: ChainWork) -> SampleResult:
         chain = Chain(work.prompt_token_ids, work.config, self.eos_token_id)
-        return await drive_chain(self.coordinator, work.chain_id, chain)
+        return await drive_chain(self.coordinators.for_prompt(work.prompt_token_ids), work.chain_id, chain)
 
 
 async def drive_chain(coordinator, chain_id, chain: Chain, on_round=None) -> SampleResult:
@@ -113,14 +114,14 @@ def _chain_metrics() -> ChainMetrics:
     return ChainMetrics()
 
 
-def start_chain_actors(coordinator, eos_token_id: int | None, settings, chains_per_actor: int) -> list:
+def start_chain_actors(coordinators: CoordinatorShards, eos_token_id: int | None, settings, chains_per_actor: int) -> list:
     remote = ray.remote(ChainActor)
     actors = [
         remote.options(
             num_cpus=settings.chain_actor_num_cpus,
             max_restarts=settings.chain_max_restarts,
             max_concurrency=max(1, chains_per_actor),
-        ).remote(coordinator, eos_token_id)
+        ).remote(coordinators, eos_token_id)
         for _ in range(settings.chain_actors)
     ]
     ray.get([a.ready.remote() for a in actors])

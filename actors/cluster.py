@@ -1,8 +1,8 @@
 """The one owner of the Ray set-up: Ray itself, the replicas' placement group, engine replicas and
-the coordinator. The batch job, the HTTP service and the Ray bench all start and stop it here.
+the coordinator shards. The batch job, the HTTP service and the Ray bench all start and stop it here.
 
     cluster = SamplingCluster(config.engine, config.ray).start()
-    ... cluster.coordinator.submit.remote(chain_id, requests) ...
+    ... cluster.coordinators.for_prompt(prompt_ids).submit.remote(chain_id, requests) ...
     cluster.shutdown()
 """
 
@@ -12,6 +12,7 @@ import ray
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from actors.coordinator import start_coordinator
+from actors.coordinator_shards import CoordinatorShards, shard_replicas
 from actors.coordinator_stats import CoordinatorSnapshot
 from actors.engine_replica import EngineReplica
 from presto_ray.engines import EngineSpec
@@ -37,7 +38,7 @@ class SamplingCluster:
         self.engine_spec, self.settings, self.address = engine_spec, settings, address
         self.replicas: list = list(replicas or [])
         self._owns_replicas = not self.replicas
-        self.coordinator = None
+        self.coordinators: CoordinatorShards | None = None
         self._placement_group = None
 
     @property
@@ -49,11 +50,23 @@ class SamplingCluster:
         ensure_ray(self.address)
         if not self.replicas:
             self.replicas = self._start_replicas()
-        self.coordinator = start_coordinator(self.replicas, self.settings)
+        n = len(self.replicas)
+        self.coordinators = CoordinatorShards(
+            [
+                start_coordinator([self.replicas[i] for i in ids], self.settings, ids, n)
+                for ids in shard_replicas(n, self.settings.coordinator_shards)
+            ],
+            self.settings.affinity_tokens,
+        )
         return self
 
+    @property
+    def coordinator(self):
+        """The first coordinator shard (the only one unless `ray.coordinator_shards` > 1)."""
+        return self.coordinators.handles[0] if self.coordinators else None
+
     def snapshot(self) -> CoordinatorSnapshot:
-        return ray.get(self.coordinator.snapshot.remote())
+        return self.coordinators.snapshot_blocking()
 
     def shutdown(self) -> None:
         owned = self.replicas if self._owns_replicas else []
@@ -62,12 +75,11 @@ class SamplingCluster:
                 ray.get(replica.shutdown.remote(), timeout=60)
             except Exception:  # already dead: nothing to free
                 pass
-        for actor in [self.coordinator, *owned]:
-            if actor is not None:
-                ray.kill(actor, no_restart=True)
+        for actor in [*(self.coordinators.handles if self.coordinators else []), *owned]:
+            ray.kill(actor, no_restart=True)
         if self._placement_group is not None:
             ray.util.remove_placement_group(self._placement_group)
-        self.coordinator, self._placement_group = None, None
+        self.coordinators, self._placement_group = None, None
         self.replicas = [] if self._owns_replicas else self.replicas
 
     def __enter__(self) -> "SamplingCluster":

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-import zlib
 from collections import deque
 from dataclasses import dataclass
 
@@ -28,6 +27,7 @@ import ray
 from ray.exceptions import RayActorError
 
 from actors.batching import BatchingPolicy
+from actors.coordinator_shards import prefix_key, rendezvous_order
 from actors.coordinator_stats import CoordinatorCounters, CoordinatorSnapshot
 from actors.metrics import CoordinatorMetrics
 from actors.stream_protocol import ChainActions, ChainUpdate
@@ -46,20 +46,28 @@ class _Queued:
     attempts: int = 0
 
 
-def start_coordinator(replicas: list, settings):
+def start_coordinator(replicas: list, settings, replica_ids: list[int] | None = None, num_cluster_replicas: int | None = None):
     """The coordinator actor. Its state is soft (queues of in-flight rounds), so Ray may restart
     it: the rounds it held fail in their chains, which the drivers replay from their keys."""
     return (
         ray.remote(Coordinator)
         .options(num_cpus=0, max_concurrency=100_000, max_restarts=settings.coordinator_max_restarts)
-        .remote(replicas, settings)
+        .remote(replicas, settings, replica_ids, num_cluster_replicas)
     )
 
 
 class Coordinator:
-    def __init__(self, replicas: list, settings) -> None:
+    """`replicas` are the engine replicas this coordinator drives; when it is one shard of several
+    (actors/coordinator_shards.py), `replica_ids` are their indices among the cluster's
+    `num_cluster_replicas`, which its snapshot reports by."""
+
+    def __init__(
+        self, replicas: list, settings, replica_ids: list[int] | None = None, num_cluster_replicas: int | None = None
+    ) -> None:
         self.replicas = list(replicas)
         self.settings = settings
+        self.replica_ids = list(replica_ids) if replica_ids is not None else list(range(len(self.replicas)))
+        self.num_cluster_replicas = num_cluster_replicas or len(self.replicas)
         self.policy = BatchingPolicy.from_settings(settings)
         n = len(self.replicas)
         self.healthy = [True] * n
@@ -139,23 +147,29 @@ class Coordinator:
             self._wake.set()  # the remaining chains may now all be waiting
 
     def snapshot(self) -> CoordinatorSnapshot:
-        """Counters, call costs and per-replica state (copies: the caller may keep them)."""
+        """Counters, call costs and per-replica state (copies: the caller may keep them), the
+        per-replica lists indexed by the cluster's replica index."""
         return CoordinatorSnapshot(
             counters=CoordinatorCounters(**vars(self.stats)),
             accounting=CallAccounting(**vars(self.accounting)),
-            calls_per_replica=list(self.calls_per_replica),
-            inflight_calls_per_replica=list(self.inflight_calls),
-            healthy=list(self.healthy),
+            calls_per_replica=self._by_cluster_index(self.calls_per_replica, 0),
+            inflight_calls_per_replica=self._by_cluster_index(self.inflight_calls, 0),
+            healthy=self._by_cluster_index(self.healthy, True),
             queue_depth=sum(len(q) for q in self.queues),
             chains_active=len(self.active_chains),
         )
+
+    def _by_cluster_index(self, values: list, absent) -> list:
+        out = [absent] * self.num_cluster_replicas
+        for i, value in zip(self.replica_ids, values):
+            out[i] = value
+        return out
 
     # --- routing -------------------------------------------------------------------------
     def _ranking(self, request: ProposalRequest) -> list[int]:
         """Replicas by rendezvous weight for the prompt's first tokens, computed once per request:
         adding or losing a replica moves only the prompts it held."""
-        key = zlib.crc32(",".join(map(str, request.prompt_token_ids[: self.settings.affinity_tokens])).encode())
-        return sorted(range(len(self.replicas)), key=lambda i: zlib.crc32(f"{key}:{i}".encode()), reverse=True)
+        return rendezvous_order(prefix_key(request.prompt_token_ids, self.settings.affinity_tokens), len(self.replicas))
 
     def _load(self, i: int) -> int:
         return len(self.queues[i]) + self.inflight_requests[i]

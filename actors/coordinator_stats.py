@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from presto_ray.engines.base import CallAccounting
 
@@ -22,10 +22,20 @@ class CoordinatorCounters:
     streamed_requests: int = 0  # streaming: requests sent to replicas one by one (after dedup)
     stream_aborts: int = 0  # streaming: requests aborted on their replica (no chain wanted them)
 
+    @classmethod
+    def combine(cls, parts: list["CoordinatorCounters"]) -> "CoordinatorCounters":
+        """Several coordinators' counters as one: sums, and the largest of each `max_*`."""
+        return cls(**{
+            f.name: (max if f.name.startswith("max_") else sum)(getattr(p, f.name) for p in parts) for f in fields(cls)
+        })  # fmt: skip
+
 
 @dataclass(frozen=True)
 class CoordinatorSnapshot:
-    """`Coordinator.snapshot()`: counters, call costs and per-replica state at one moment."""
+    """`Coordinator.snapshot()`: counters, call costs and per-replica state at one moment.
+
+    The per-replica lists are indexed by the cluster's replica index (`replica_ids[k]` is the
+    index of a coordinator's k-th replica; a shard drives only some of them)."""
 
     counters: CoordinatorCounters
     accounting: CallAccounting  # every call's cost, as the replicas measured it (retries included)
@@ -34,6 +44,28 @@ class CoordinatorSnapshot:
     healthy: list[bool] = field(default_factory=list)
     queue_depth: int = 0
     chains_active: int = 0
+    shards: int = 1
+
+    @classmethod
+    def combine(cls, parts: list["CoordinatorSnapshot"]) -> "CoordinatorSnapshot":
+        """The shards' snapshots as the cluster's: counters and costs summed, per-replica figures
+        summed over the shards that drive each replica (healthy only if all of them see it so)."""
+        if len(parts) == 1:
+            return parts[0]
+        n = max(len(p.calls_per_replica) for p in parts)
+        accounting = CallAccounting()
+        for p in parts:
+            accounting.add(p.accounting)
+        return cls(
+            counters=CoordinatorCounters.combine([p.counters for p in parts]),
+            accounting=accounting,
+            calls_per_replica=[sum(p.calls_per_replica[i] for p in parts) for i in range(n)],
+            inflight_calls_per_replica=[sum(p.inflight_calls_per_replica[i] for p in parts) for i in range(n)],
+            healthy=[all(p.healthy[i] for p in parts) for i in range(n)],
+            queue_depth=sum(p.queue_depth for p in parts),
+            chains_active=sum(p.chains_active for p in parts),
+            shards=sum(p.shards for p in parts),
+        )
 
     @property
     def requests_per_call(self) -> float:

@@ -32,7 +32,10 @@ class RayBackend:
 
         async def run():
             return await asyncio.gather(
-                *(drive_chain(self.cluster.coordinator, ("presto-ray", next(self._ids)), chain) for chain in chains)
+                *(
+                    drive_chain(self.cluster.coordinators.for_prompt(chain.prompt), ("presto-ray", next(self._ids)), chain)
+                    for chain in chains
+                )
             )
 
         return list(asyncio.run(run()))

@@ -65,6 +65,7 @@ class RayJob:
 
     @property
     def coordinator(self):
+        """The first coordinator shard (the only one by default)."""
         return self.cluster.coordinator
 
     @property
@@ -100,7 +101,7 @@ class RayJob:
         self.cluster.start()
         self._started = True
         per_actor = math.ceil(self.config.max_active_chains / settings.chain_actors)
-        self.chain_actors = start_chain_actors(self.coordinator, self.tokenizer.eos_token_id, settings, per_actor)
+        self.chain_actors = start_chain_actors(self.cluster.coordinators, self.tokenizer.eos_token_id, settings, per_actor)
 
     def run(self, on_sample: Callable[[dict], None] | None = None, on_start: Callable[[int, int], None] | None = None) -> JobSummary:
         """Sample every pending pair; `on_start(pending, skipped)` is called before the first chain."""
@@ -135,7 +136,7 @@ class RayJob:
             while queue and len(running) + len(starting) < self.config.max_active_chains:
                 starting.append(queue.popleft())
             if starting:  # announced first, so the first dispatch waits for all of them
-                self.coordinator.register_chains.remote([item.chain_id for item in starting])
+                self._register(starting)
             for item in starting:
                 actor = self.chain_actors[next_actor % len(self.chain_actors)]
                 next_actor += 1
@@ -168,12 +169,20 @@ class RayJob:
             if not ready:
                 self.writer.flush()  # long chains: still leave a trace on disk every interval
 
+    def _register(self, starting: list[ChainWork]) -> None:
+        coordinators = self.cluster.coordinators
+        by_shard: dict[int, list] = {}
+        for item in starting:
+            by_shard.setdefault(coordinators.index_for(item.prompt_token_ids), []).append(item.chain_id)
+        for shard, chain_ids in by_shard.items():
+            coordinators.handles[shard].register_chains.remote(chain_ids)
+
     def _wait_for_coordinator(self) -> None:
         """Block while a restarting coordinator cannot answer (replays sent sooner fail at once)."""
         deadline = time.monotonic() + COORDINATOR_RESTART_TIMEOUT_S
         while True:
             try:
-                ray.get(self.coordinator.snapshot.remote(), timeout=10)
+                self.cluster.coordinators.snapshot_blocking(timeout=10)
                 return
             except (RayActorError, GetTimeoutError) as e:
                 if time.monotonic() > deadline:

@@ -5,9 +5,16 @@
 
 Routes: POST /v1/completions, POST /v1/chat/completions, GET /v1/models, GET /health,
 GET /v1/stats (the coordinator's counters), and the API docs (GET /docs, /redoc, /openapi.json;
-behind the bearer token like every route but /health). Each request runs `n` chains as coroutines in the
-ingress; their requests go to the one coordinator (shared by every concurrent request, so their
-calls merge) and from there to the engine replicas.
+behind the bearer token like every route but /health).
+
+Two deployments: `SamplingPool` (one replica) owns the engine replicas and the coordinator shards
+(actors/cluster.py); `PrestoIngress` (HTTP, `serve.ingress_replicas` or Serve autoscaling) gets the
+pool's coordinator handles once and runs each request's `n` chains as coroutines, their requests
+going straight to the coordinators. Every ingress replica shares the one pool, so the calls of
+all concurrent requests merge, however many ingress replicas Serve runs. The engine replicas are
+Ray actors the pool owns rather than Serve replicas because the coordinator addresses each one
+(prefix affinity, per-replica event streams, failover), which a Serve handle's routing hides;
+they die with the pool.
 
 This module is the transport only: the bearer token, the bounded body read, running the chains
 and streaming their events. What a body may say and what the service answers (fields, prompts,
@@ -23,9 +30,11 @@ from fastapi import FastAPI, Request
 from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
 from fastapi.responses import JSONResponse, StreamingResponse
 from ray import serve
+from ray.exceptions import RayActorError
 
 from actors.chain_actor import drive_chain
 from actors.cluster import SamplingCluster, ensure_ray
+from actors.coordinator_shards import CoordinatorShards
 from presto_ray.chain import Chain
 from presto_ray.engines import build_tokenizer
 from presto_ray.job import JobConfig
@@ -60,16 +69,43 @@ def _model_name(config: JobConfig) -> str:
     return config.serve.model_name or config.engine.model_name
 
 
+@api.middleware("http")
+async def _tag_replica(request: Request, call_next):
+    """Say which ingress replica answered (operators, and the test that two replicas share a pool)."""
+    response = await call_next(request)
+    response.headers["x-presto-ingress-replica"] = serve.get_replica_context().replica_id.unique_id
+    return response
+
+
 # above the deployment: Serve pickles the class by value when it is decorated, with the
 # module-level names that exist at that point
 def _error_response(error: ApiError) -> JSONResponse:
     return JSONResponse(error.body(), error.status, headers=error.headers)
 
 
+@serve.deployment(ray_actor_options={"num_cpus": 0}, num_replicas=1)
+class SamplingPool:
+    """The engine replicas and coordinator shards of one application (one replica; Ray restarts
+    what dies inside it, and the actors it owns die with it)."""
+
+    def __init__(self, config: dict) -> None:
+        config = JobConfig.model_validate(config)
+        self.cluster = SamplingCluster(config.engine, config.ray).start()
+
+    def coordinators(self) -> CoordinatorShards:
+        return self.cluster.coordinators
+
+    def __del__(self) -> None:  # Serve calls it when the application goes: free the engines
+        try:
+            self.cluster.shutdown()
+        except Exception:  # already half gone: nothing more to free
+            pass
+
+
 @serve.deployment(ray_actor_options={"num_cpus": 0}, max_ongoing_requests=1024)
 @serve.ingress(api)
 class PrestoIngress:
-    def __init__(self, config: dict) -> None:
+    def __init__(self, config: dict, pool) -> None:
         self.config = JobConfig.model_validate(config)
         self.settings = self.config.serve
         self.model_name = _model_name(self.config)
@@ -77,8 +113,14 @@ class PrestoIngress:
         self.tokenizer = build_tokenizer(self.config.engine)
         engine = self.config.engine
         self.context = engine.context_length
-        self.cluster = SamplingCluster(self.config.engine, self.config.ray).start()
-        self.coordinator = self.cluster.coordinator
+        self.pool = pool  # a handle to SamplingPool
+        self._coordinators: CoordinatorShards | None = None
+
+    async def coordinators(self) -> CoordinatorShards:
+        """The pool's coordinator handles, asked for once (again after the pool was restarted)."""
+        if self._coordinators is None:
+            self._coordinators = await self.pool.coordinators.remote()
+        return self._coordinators
 
     # --- routes --------------------------------------------------------------------------
     @api.get("/health")
@@ -96,8 +138,9 @@ class PrestoIngress:
         if denied := self._denied(request):
             return denied
         try:
-            return stats_body(await self.coordinator.snapshot.remote())
+            return stats_body(await (await self.coordinators()).snapshot())
         except Exception as e:  # the coordinator is restarting: no internals in the answer
+            self._forget_dead_pool(e)
             return _error_response(internal_error(e))
 
     @api.get("/openapi.json")
@@ -131,7 +174,12 @@ class PrestoIngress:
         try:
             return await self._answer(request, chat)
         except Exception as e:  # a bug or a dead engine, never the client's input: no internals in the body
+            self._forget_dead_pool(e)
             return _error_response(internal_error(e))
+
+    def _forget_dead_pool(self, error: BaseException) -> None:
+        if isinstance(error, RayActorError):  # the pool may have been restarted with new actors
+            self._coordinators = None
 
     async def _answer(self, request: Request, chat: bool):
         try:
@@ -148,19 +196,21 @@ class PrestoIngress:
             )
         except ApiError as e:
             return _error_response(e)
+        coordinator = (await self.coordinators()).for_prompt(prepared.prompt_ids)
         chains = [Chain(prepared.prompt_ids, config, self.tokenizer.eos_token_id) for config in prepared.configs]
         # not pre-registered with the coordinator (as batch jobs do): a request cancelled before its
         # chains start would leave them registered for good; the n chains' first plans arrive together
         ids = [(prepared.id, i) for i in range(len(chains))]
         if prepared.stream:
-            return StreamingResponse(self._stream(prepared, chains, ids), media_type="text/event-stream")
+            return StreamingResponse(self._stream(coordinator, prepared, chains, ids), media_type="text/event-stream")
         try:
-            results = await asyncio.gather(*(drive_chain(self.coordinator, cid, c) for cid, c in zip(ids, chains)))
+            results = await asyncio.gather(*(drive_chain(coordinator, cid, c) for cid, c in zip(ids, chains)))
         except Exception as e:  # an engine failure: this request fails, the service keeps serving
+            self._forget_dead_pool(e)
             return _error_response(internal_error(e, prepared.id))
         return completion_response(prepared, [self._choice(prepared, i, r) for i, r in enumerate(results)])
 
-    async def _stream(self, prepared: Prepared, chains: list[Chain], ids: list[tuple[str, int]]):
+    async def _stream(self, coordinator, prepared: Prepared, chains: list[Chain], ids: list[tuple[str, int]]):
         """Server-sent events: a progress chunk per round per chain, then each choice's text."""
         events: asyncio.Queue = asyncio.Queue()
 
@@ -169,7 +219,7 @@ class PrestoIngress:
                 await events.put(progress_chunk(prepared, i, chain.stats, chain.event_index, chain.schedule.num_events))
 
             try:
-                result = await drive_chain(self.coordinator, ids[i], chains[i], on_round=progress)
+                result = await drive_chain(coordinator, ids[i], chains[i], on_round=progress)
                 await events.put(done_chunk(prepared, self._choice(prepared, i, result)))
             except Exception as e:
                 await events.put(error_event(e, prepared.id))
@@ -229,7 +279,10 @@ def build_app(args: dict | None = None):
 
 
 def app_for(config: JobConfig):
-    return PrestoIngress.bind(config.model_dump(mode="json"))
+    """The application: the ingress (replicas or autoscaling from `serve:`) over one sampling pool."""
+    as_json = config.model_dump(mode="json")
+    ingress = PrestoIngress.options(**config.serve.ingress_deployment_options())
+    return ingress.bind(as_json, SamplingPool.bind(as_json))
 
 
 def start_service(config: JobConfig, address: str | None = None, name: str = "presto") -> str:

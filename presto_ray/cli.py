@@ -356,6 +356,24 @@ def cmd_bench_real(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench_coordinator(args: argparse.Namespace) -> int:
+    from bench.coordinator_rate import format_report, run_coordinator_bench
+
+    try:
+        chains = tuple(int(c) for c in args.chains.split(","))
+        shards = tuple(int(s) for s in args.shards.split(","))
+    except ValueError:
+        return _fail("--chains / --shards: expected comma-separated integers")
+    if any(c < 1 for c in chains + shards):
+        return _fail("--chains / --shards: every count must be at least 1")
+    report = run_coordinator_bench(
+        chains, shards, duration_s=args.duration, out_json=args.out, progress=lambda msg: print(msg, file=sys.stderr, flush=True)
+    )
+    print(format_report(report))
+    print(f"wrote {args.out}")
+    return 0
+
+
 def cmd_bench_ray(args: argparse.Namespace) -> int:
     from bench.ray_throughput import format_report, run_ray_bench
 
@@ -488,6 +506,13 @@ def build_parser() -> argparse.ArgumentParser:
     y.add_argument("--out", default="bench/results/ray.json")
     y.add_argument("--png", default="bench/results/ray.png")
     y.set_defaults(func=cmd_bench_ray)
+
+    b = sub.add_parser("bench-coordinator", help="requests per second through 1, 2, 4 coordinator shards (toy engine)")
+    b.add_argument("--chains", default="64,256,1024", help="concurrent simulated chains")
+    b.add_argument("--shards", default="1,2,4", help="coordinator shard counts")
+    b.add_argument("--duration", type=float, default=5.0, help="seconds each setting runs")
+    b.add_argument("--out", default="bench/results/coordinator_rate.json")
+    b.set_defaults(func=cmd_bench_coordinator)
     return parser
 
 

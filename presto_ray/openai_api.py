@@ -608,4 +608,5 @@ def stats_body(snapshot: "CoordinatorSnapshot") -> dict:
         "healthy": snapshot.healthy,
         "queue_depth": snapshot.queue_depth,
         "chains_active": snapshot.chains_active,
+        "coordinator_shards": snapshot.shards,
     }

@@ -25,6 +25,11 @@ class RaySettings(BaseModel):
     replica_max_restarts: int = Field(3, ge=-1, description="Ray restarts of a dead replica (-1: unlimited).")
     chain_actors: int = Field(2, ge=1, le=4096, description="Chain actors; each runs many chains as coroutines.")
     chain_actor_num_cpus: float = Field(0.0, ge=0.0, description="CPUs each chain actor reserves.")
+    coordinator_shards: int = Field(
+        1, ge=1, le=64,
+        description="Coordinator actors; a prompt's chains go to one (by the hash of its first affinity_tokens "
+        "tokens), each drives its share of the replicas (all of them when there are fewer replicas than shards).",
+    )
     coordinator_max_restarts: int = Field(3, ge=-1, description="Ray restarts of a dead coordinator (-1: unlimited).")
     chain_max_restarts: int = Field(3, ge=-1, description="Ray restarts of a dead chain actor (-1: unlimited).")
     batch_window_s: float = Field(

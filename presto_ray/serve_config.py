@@ -2,9 +2,27 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 API_KEY_ENV = "PRESTO_RAY_API_KEY"
+
+
+class IngressAutoscaling(BaseModel):
+    """Serve autoscaling of the HTTP ingress (the engines and coordinators are shared, not scaled)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    min_replicas: int = Field(1, ge=0)
+    max_replicas: int = Field(4, ge=1)
+    target_ongoing_requests: float = Field(
+        64.0, gt=0, description="Requests in flight per ingress replica Serve scales towards."
+    )
+
+    @model_validator(mode="after")
+    def _ordered(self) -> "IngressAutoscaling":
+        if self.max_replicas < self.min_replicas:
+            raise ValueError(f"max_replicas ({self.max_replicas}) is below min_replicas ({self.min_replicas})")
+        return self
 
 
 class ServeSettings(BaseModel):
@@ -18,6 +36,13 @@ class ServeSettings(BaseModel):
     )
     host: str = Field("127.0.0.1", description="Address the HTTP proxy binds (0.0.0.0 in a cluster).")
     port: int = Field(8000, ge=1, le=65535)
+    ingress_replicas: int = Field(
+        1, ge=1, le=256, description="HTTP ingress replicas (ignored when ingress_autoscaling is set); all share one engine pool."
+    )
+    ingress_autoscaling: IngressAutoscaling | None = Field(
+        None, description="Let Serve scale the ingress between min_replicas and max_replicas."
+    )
+    max_ongoing_requests: int = Field(1024, ge=1, description="Requests one ingress replica holds at once.")
     max_body_bytes: int = Field(1_000_000, ge=1024, description="Larger request bodies get 413.")
     default_max_tokens: int = Field(64, ge=1, description="max_tokens when a request names none.")
     max_tokens_limit: int = Field(2048, ge=1, description="Largest max_tokens (horizon) a request may ask for.")
@@ -32,3 +57,12 @@ class ServeSettings(BaseModel):
         description="Most token-steps one request may ask for: n x mh_steps x blocks x max_tokens "
         "(a chain proposes about half as many tokens); bounds how long one request holds the engines.",
     )
+
+    def ingress_deployment_options(self) -> dict:
+        """Serve's `.options()` for the ingress deployment."""
+        options: dict = {"max_ongoing_requests": self.max_ongoing_requests}
+        if self.ingress_autoscaling is None:
+            options["num_replicas"] = self.ingress_replicas
+        else:
+            options["autoscaling_config"] = self.ingress_autoscaling.model_dump()
+        return options

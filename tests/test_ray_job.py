@@ -67,8 +67,12 @@ def run(items, config, out, **callbacks):
 
 @pytest.mark.parametrize(
     "settings",
-    [{"num_replicas": 1}, {"num_replicas": 2}, {"num_replicas": 2, "replica_num_cpus": 0.5, "placement_strategy": "PACK"}],
-    ids=["1-replica", "2-replicas", "2-replicas-placement-group"],
+    [
+        {"num_replicas": 1},
+        {"num_replicas": 2, "coordinator_shards": 2},
+        {"num_replicas": 2, "replica_num_cpus": 0.5, "placement_strategy": "PACK"},
+    ],
+    ids=["1-replica", "2-replicas-2-coordinator-shards", "2-replicas-placement-group"],
 )
 def test_ray_job_writes_the_in_process_samples(ray_address, tmp_path, settings):
     items, config = toy_job(**settings)
@@ -76,7 +80,8 @@ def test_ray_job_writes_the_in_process_samples(ray_address, tmp_path, settings):
     assert_same_samples(read_samples(tmp_path / "out").to_pylist(), reference(items, config))
     assert summary.samples == len(items) * config.chains_per_prompt
     assert sum(stats.calls_per_replica) == stats.accounting.calls
-    if settings["num_replicas"] == 2:
+    assert stats.shards == settings.get("coordinator_shards", 1)
+    if settings["num_replicas"] == 2:  # with 2 shards each drives one replica: both shards served
         assert all(c > 0 for c in stats.calls_per_replica), "both replicas must serve calls"
 
 
@@ -351,3 +356,17 @@ def test_a_coordinator_gone_for_good_ends_the_job_with_one_line(ray_address, tmp
     message = str(caught.value)
     assert "\n" not in message and "coordinator" in message and "rerun to resume" in message
     assert not list((tmp_path / "out").glob(".*")), "the lock is released when the job fails"
+
+
+def test_bench_coordinator_counts_every_request_through_each_shard_count(ray_address, tmp_path):
+    import json
+
+    from bench.coordinator_rate import format_report, run_coordinator_bench
+
+    report = run_coordinator_bench((8,), (1, 2), duration_s=0.5, load_actors=2, out_json=tmp_path / "rate.json")
+    assert [(r["shards"], r["chains"]) for r in report["rows"]] == [(1, 8), (2, 8)]
+    # measure() checks the shards' summed snapshot counted exactly the requests the load sent
+    assert all(r["requests"] > 0 and r["calls"] > 0 for r in report["rows"])
+    assert report["rows"][0]["speedup"] == 1.0
+    assert json.loads((tmp_path / "rate.json").read_text())["clock"] == "wall"
+    assert "requests/s" in format_report(report)

@@ -33,7 +33,8 @@ def toy_service(serve_base_url):
 
     from deployments.serve_app import app_for
 
-    config = JobConfig.model_validate(TOY)
+    # two ingress replicas over one engine pool: every toy test goes through either
+    config = JobConfig.model_validate({**TOY, "serve": {**TOY["serve"], "ingress_replicas": 2}})
     secured = JobConfig.model_validate({**TOY, "serve": {**TOY["serve"], "api_key": KEY}})
     serve.run(app_for(config), name="toy", route_prefix="/toy")
     serve.run(app_for(secured), name="secured", route_prefix="/secured")
@@ -186,16 +187,29 @@ def test_bearer_token(toy_service, serve_base_url):
 
 
 def test_concurrent_requests_share_merged_calls(toy_service):
+    """Through both ingress replicas, into one coordinator: every request's proposals are counted
+    there, and they merge into shared calls."""
+    from ray._private.state import actors  # the GCS's actor table: the state API needs the dashboard
+
     url, config = toy_service
     before = httpx.get(f"{url}/v1/stats").json()
     c = client(url)
 
     def ask(seed: int):
-        return c.completions.create(model="toy", prompt=f"question {seed % 4}", max_tokens=16, seed=seed, extra_body={"block_size": 8})
+        raw = c.completions.with_raw_response.create(
+            model="toy", prompt=f"question {seed % 4}", max_tokens=16, seed=seed, extra_body={"block_size": 8}
+        )
+        return raw.headers["x-presto-ingress-replica"], raw.parse()
 
     with ThreadPoolExecutor(16) as pool:
-        responses = list(pool.map(ask, range(16)))
+        answered = list(pool.map(ask, range(16)))
     after = httpx.get(f"{url}/v1/stats").json()
+    replicas, responses = {tag for tag, _ in answered}, [r for _, r in answered]
+    assert len(replicas) == 2, "Serve spreads concurrent requests over both ingress replicas"
+    alive = [a["ActorClassName"] for a in actors().values() if a["State"] == "ALIVE"]
+    assert alive.count("ServeReplica:toy:SamplingPool") == 1 and alive.count("ServeReplica:toy:PrestoIngress") == 2
+    requests = sum(r.choices[0].model_extra["power_sampling"]["requests"] for r in responses)
+    assert after["submitted_requests"] - before["submitted_requests"] == requests, "one coordinator saw them all"
     assert len({r.id for r in responses}) == 16
     tokenizer = config.engine.build().tokenizer
     for seed, response in enumerate(responses):

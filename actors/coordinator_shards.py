@@ -1,0 +1,61 @@
+"""Coordinator shards: when one coordinator actor cannot keep up, `ray.coordinator_shards` start
+several, each with its share of the engine replicas. A prompt's chains all go to one shard, chosen by
+rendezvous hashing of the prompt's first `affinity_tokens` tokens (the key the coordinator routes
+replicas by), so deduplication and prefix-cache affinity work within a shard exactly as before.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Sequence
+
+from actors.coordinator_stats import CoordinatorSnapshot
+
+
+def prefix_key(prompt_token_ids: Sequence[int], affinity_tokens: int) -> int:
+    """The affinity key of a prompt: a hash of its first `affinity_tokens` tokens."""
+    return zlib.crc32(",".join(map(str, prompt_token_ids[:affinity_tokens])).encode())
+
+
+def rendezvous_order(key: int, n: int, salt: str = "") -> list[int]:
+    """0..n-1 by rendezvous weight for `key`: adding or removing a target moves only its keys."""
+    return sorted(range(n), key=lambda i: zlib.crc32(f"{key}:{salt}{i}".encode()), reverse=True)
+
+
+def shard_replicas(num_replicas: int, num_shards: int) -> list[list[int]]:
+    """The replica indices each shard drives: a partition when there are enough replicas; with fewer
+    replicas than shards every shard uses all of them (replicas file events per coordinator)."""
+    if num_replicas < num_shards:
+        return [list(range(num_replicas)) for _ in range(num_shards)]
+    return [list(range(s, num_replicas, num_shards)) for s in range(num_shards)]
+
+
+class CoordinatorShards:
+    """The coordinator actor handles of one cluster (picklable: chain actors and Serve replicas hold it)."""
+
+    def __init__(self, handles: Sequence, affinity_tokens: int) -> None:
+        if not handles:
+            raise ValueError("at least one coordinator is needed")
+        self.handles = list(handles)
+        self.affinity_tokens = affinity_tokens
+
+    def __len__(self) -> int:
+        return len(self.handles)
+
+    def index_for(self, prompt_token_ids: Sequence[int]) -> int:
+        if len(self.handles) == 1:
+            return 0
+        return rendezvous_order(prefix_key(prompt_token_ids, self.affinity_tokens), len(self.handles), "shard")[0]
+
+    def for_prompt(self, prompt_token_ids: Sequence[int]):
+        """The coordinator that serves every chain of this prompt."""
+        return self.handles[self.index_for(prompt_token_ids)]
+
+    async def snapshot(self) -> CoordinatorSnapshot:
+        """Every shard's figures, combined (per-replica lists indexed by the cluster's replica)."""
+        return CoordinatorSnapshot.combine([await h.snapshot.remote() for h in self.handles])
+
+    def snapshot_blocking(self, timeout: float | None = None) -> CoordinatorSnapshot:
+        import ray
+
+        return CoordinatorSnapshot.combine(ray.get([h.snapshot.remote() for h in self.handles], timeout=timeout))
