@@ -35,7 +35,9 @@ def toy_service(serve_base_url):
 
     # two ingress replicas over one engine pool: every toy test goes through either
     config = JobConfig.model_validate({**TOY, "serve": {**TOY["serve"], "ingress_replicas": 2}})
-    secured = JobConfig.model_validate({**TOY, "serve": {**TOY["serve"], "api_key": KEY}})
+    # and Serve autoscaling of the ingress (between one and two replicas)
+    autoscaled = {"ingress_autoscaling": {"min_replicas": 1, "max_replicas": 2, "target_ongoing_requests": 8}}
+    secured = JobConfig.model_validate({**TOY, "serve": {**TOY["serve"], "api_key": KEY, **autoscaled}})
     serve.run(app_for(config), name="toy", route_prefix="/toy")
     serve.run(app_for(secured), name="secured", route_prefix="/secured")
     yield f"{serve_base_url}/toy", config
