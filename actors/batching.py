@@ -7,10 +7,15 @@ A replica's queue is dispatched when any of these holds:
   - its oldest request has waited `max_batch_wait_s` (a bound on added latency);
   - it holds `max_requests_per_call` requests.
 and the replica runs fewer than `max_inflight_calls` calls. Times are seconds on any clock.
+When the queue holds more than one call takes, `fair_take` picks round robin over requests (groups
+of chains), and streaming budgets are split per group first (`fair_competitors`): one request's
+chains never starve another's.
 """
 
 from __future__ import annotations
 
+from collections import deque
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 
 
@@ -47,3 +52,34 @@ class BatchingPolicy:
         if oldest_enqueued is None:
             return None
         return min(last_activity + self.batch_window_s, oldest_enqueued + self.max_batch_wait_s)
+
+
+def request_group(chain_id) -> object:
+    """Whose chain this is, for fair sharing: the first part of a (request or prompt id, chain
+    index) pair (an HTTP request's `n` chains form one group), else the id itself."""
+    return chain_id[0] if isinstance(chain_id, tuple) and chain_id else chain_id
+
+
+def fair_take(groups: Sequence[Hashable], n: int) -> list[int]:
+    """Which `n` of the queued items (given by their groups, oldest first) go into the next call:
+    round robin over the groups, in the order of each group's oldest item, oldest first within a
+    group. A request that queued thousands of proposals takes its turn with one that queued two,
+    instead of filling the calls ahead of it. Returns the chosen indices in queue order."""
+    if n >= len(groups):
+        return list(range(len(groups)))
+    by_group: dict[Hashable, deque[int]] = {}
+    for i, group in enumerate(groups):
+        by_group.setdefault(group, deque()).append(i)
+    chosen: list[int] = []
+    while len(chosen) < n:
+        for indices in by_group.values():
+            if indices and len(chosen) < n:
+                chosen.append(indices.popleft())
+    return sorted(chosen)
+
+
+def fair_competitors(groups: Mapping[Hashable, int], group: Hashable) -> int:
+    """How many chains one chain of `group` shares the free batch with, for an equal share per
+    group split equally among its chains: groups x chains in its group (with equal groups, simply
+    every chain)."""
+    return len(groups) * groups[group]

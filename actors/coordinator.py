@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import ray
 from ray.exceptions import RayActorError
 
-from actors.batching import BatchingPolicy
+from actors.batching import BatchingPolicy, fair_take, request_group
 from actors.coordinator_shards import prefix_key, rendezvous_order
 from actors.coordinator_stats import CoordinatorCounters, CoordinatorSnapshot
 from actors.metrics import CoordinatorMetrics
@@ -43,6 +43,7 @@ class _Queued:
     request: ProposalRequest
     future: asyncio.Future
     enqueued: float
+    group: object  # the request (group of chains) that first asked: calls are shared fairly by group
     attempts: int = 0
 
 
@@ -106,7 +107,7 @@ class Coordinator:
             future = self.pending.get(request)
             if future is None:
                 future = self.pending[request] = loop.create_future()
-                self._enqueue(_Queued(request, future, time.monotonic()))
+                self._enqueue(_Queued(request, future, time.monotonic(), request_group(chain_id)))
             else:
                 self.stats.deduplicated += 1
             futures.append(future)
@@ -220,11 +221,25 @@ class Coordinator:
         released = policy.round_released(now, self._last_activity, self._all_planned())
         for i, queue in enumerate(self.queues):
             while self._can_call(i) and queue and policy.should_dispatch(now, len(queue), queue[0].enqueued, released):
-                batch = [queue.popleft() for _ in range(policy.batch_size(len(queue)))]
+                batch = self._take(queue, policy.batch_size(len(queue)))
                 self.inflight_calls[i] += 1
                 self.inflight_requests[i] += len(batch)
                 asyncio.get_running_loop().create_task(self._call(i, batch))
         self.metrics.queue_depth.set(sum(len(q) for q in self.queues))
+
+    @staticmethod
+    def _take(queue: deque[_Queued], n: int) -> list[_Queued]:
+        """The next call's requests: the whole queue when it fits, else a fair share per group."""
+        if n >= len(queue):
+            batch = list(queue)
+            queue.clear()
+            return batch
+        chosen = set(fair_take([item.group for item in queue], n))
+        batch = [item for k, item in enumerate(queue) if k in chosen]
+        rest = [item for k, item in enumerate(queue) if k not in chosen]
+        queue.clear()
+        queue.extend(rest)
+        return batch
 
     async def _call(self, i: int, batch: list[_Queued]) -> None:
         try:

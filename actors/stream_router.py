@@ -5,8 +5,9 @@ each event goes back to its chain as it lands. No call, no barrier (docs/streami
     replica only when no chain wants it any more;
   - routing: the same rendezvous ranking as rounds (prefix-cache affinity), with the replicas' live
     streams as their load;
-  - budgets: every open chain gets its share of the replicas' free batch
-    (presto_ray/speculation.py), refreshed with each update, so speculation shrinks under load;
+  - budgets: every open request (group of chains) gets an equal share of the replicas' free batch,
+    split equally among its chains (presto_ray/speculation.py, actors/batching.py), refreshed
+    with each update, so speculation shrinks under load and no request starves another;
   - faults: when a replica dies its live streams start again on another one, with the fork points
     already asked for (completions are functions of their requests, so no sample changes).
 
@@ -19,12 +20,13 @@ from __future__ import annotations
 import asyncio
 import itertools
 import uuid
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from ray.exceptions import RayActorError
 
+from actors.batching import fair_competitors, request_group
 from actors.coordinator_stats import CoordinatorCounters
 from actors.stream_protocol import (
     ChainActions,
@@ -85,6 +87,7 @@ class StreamRouter:
         self.streams: dict[StreamId, _Stream] = {}
         self.by_request: dict[ProposalRequest, _Stream] = {}
         self.mailboxes: dict[object, _Mailbox] = {}
+        self.group_sizes: Counter = Counter()  # open chains per request: budgets are fair per request
         self.live = [0] * len(replicas)
         self.free_batch: float | None = None
         self._pollers: dict[int, asyncio.Task] = {}
@@ -94,13 +97,15 @@ class StreamRouter:
         """Start (or restart: a replayed chain starts afresh) the chain's stream; its first budget."""
         self.close(chain_id)
         self.mailboxes[chain_id] = _Mailbox(prefetch_budget)
+        self.group_sizes[request_group(chain_id)] += 1
         if self.free_batch is None:
             self.free_batch = await self._measure_free_batch()
         return self.budget(chain_id)
 
     def budget(self, chain_id) -> int:
         mailbox = self.mailboxes[chain_id]
-        return streaming_budget(mailbox.prefetch_budget, len(self.mailboxes), self.free_batch or float("inf"))
+        competitors = fair_competitors(self.group_sizes, request_group(chain_id))
+        return streaming_budget(mailbox.prefetch_budget, competitors, self.free_batch or float("inf"))
 
     def close(self, chain_id) -> None:
         """The chain finished or was given up: drop its wishes; a waiting exchange returns empty
@@ -108,6 +113,10 @@ class StreamRouter:
         mailbox = self.mailboxes.pop(chain_id, None)
         if mailbox is None:
             return
+        group = request_group(chain_id)
+        self.group_sizes[group] -= 1
+        if not self.group_sizes[group]:
+            del self.group_sizes[group]
         mailbox.closed = True
         mailbox.ready.set()
         self._unsubscribe(chain_id, mailbox, list(mailbox.subscriptions))

@@ -95,10 +95,13 @@ def test_identical_streamed_requests_run_once(ray_address):
         for chain_id in ("a", "b"):
             ray.get(cluster.coordinator.stream_open.remote(chain_id, 4))
         updates = ray.get([cluster.coordinator.stream_exchange.remote(c, ChainActions(start=starts)) for c in "ab"])
-        stats = cluster.snapshot()
         firsts = [{e.key: e for e in u.events} for u in updates]
-        shared = firsts[0].keys() & firsts[1].keys()
-        assert shared and all(firsts[0][k].generated == firsts[1][k].generated for k in shared)
+        for chain_id, seen in zip("ab", firsts):  # each update holds what had landed: wait for the rest
+            while not all(seen.get(r.key) and seen[r.key].completion for r in starts):
+                update = ray.get(cluster.coordinator.stream_exchange.remote(chain_id, ChainActions()))
+                seen.update((e.key, e) for e in update.events)
+        stats = cluster.snapshot()
+        assert all(firsts[0][r.key].completion == firsts[1][r.key].completion for r in starts)
         assert stats.counters.submitted_requests == 2 * len(starts)
         assert stats.counters.deduplicated == len(starts)
         assert stats.counters.streamed_requests == len(starts)
