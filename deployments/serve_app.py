@@ -295,9 +295,17 @@ def start_service(config: JobConfig, address: str | None = None, name: str = "pr
 
 
 def run_service(config: JobConfig, address: str | None = None) -> None:
-    """`presto-ray serve`: deploy, print where, block until Ctrl-C."""
+    """`presto-ray serve`: deploy, print where, block until Ctrl-C (or SIGTERM, as containers stop)."""
+    import signal
     import time
 
+    def stop(signum, frame):
+        raise KeyboardInterrupt
+
+    # explicit: a process started in the background of a non-interactive shell inherits SIGINT
+    # ignored, and Ctrl-C (or a supervisor's SIGINT) would then never stop the service
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, stop)
     url = start_service(config, address)
     print(f"presto-ray serving {_model_name(config)} at {url}/v1 (Ctrl-C stops)", flush=True)
     try:
