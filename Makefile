@@ -6,7 +6,7 @@ PYTHON ?= python3
 STAMP := $(VENV)/.installed
 PIP := $(VENV)/bin/pip
 
-.PHONY: install sample test bench bench-virtual bench-real bench-ray validate-real eval-real clean
+.PHONY: install sample test bench bench-virtual bench-real bench-ray load-test validate-real eval-real clean
 
 install: $(STAMP)
 
@@ -47,3 +47,6 @@ clean:
 
 bench-ray: $(STAMP)
 	$(VENV)/bin/presto-ray bench-ray --vllm-chains 1,2,4,8,16 --out bench/results/ray.json --png bench/results/ray.png
+
+load-test: $(STAMP)
+	$(VENV)/bin/presto-ray load-test --clients 8,32,128 --duration 10 --passes 2 --out bench/results/load_test.json

@@ -148,6 +148,7 @@ class Coordinator:
             healthy=list(self.healthy),
             queue_depth=sum(len(q) for q in self.queues),
             chains_active=len(self.active_chains),
+            streams_running=len(self.streams.streams),
         )
 
     # --- routing -------------------------------------------------------------------------

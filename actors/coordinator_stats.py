@@ -34,6 +34,7 @@ class CoordinatorSnapshot:
     healthy: list[bool] = field(default_factory=list)
     queue_depth: int = 0
     chains_active: int = 0
+    streams_running: int = 0  # streaming schedule: requests sent to replicas and neither ended nor aborted
 
     @property
     def requests_per_call(self) -> float:

@@ -879,4 +879,5 @@ def stats_body(snapshot: "CoordinatorSnapshot") -> dict:
         "healthy": snapshot.healthy,
         "queue_depth": snapshot.queue_depth,
         "chains_active": snapshot.chains_active,
+        "streams_running": snapshot.streams_running,
     }
