@@ -280,7 +280,8 @@ def run_rounds(
                 "lost_or_duplicated": lost + duplicated,
                 "idle_after_s": idle_after_s,
                 "chains_finished": after["chains_finished"] - before["chains_finished"],
-                "engine_calls": after["calls"] - before["calls"],
+                "engine_calls": after["calls"] - before["calls"],  # rounds schedule
+                "streamed_requests": after["streamed_requests"] - before["streamed_requests"],  # streaming schedule
                 "stream_aborts": after["stream_aborts"] - before["stream_aborts"],
                 "service_rss_mb": sum(rss.values()),
                 "rss_mb_by_process": rss,

@@ -540,3 +540,17 @@ def check_a_disconnect_stops_its_chains(url: str) -> None:
 def test_a_client_that_disconnects_stops_its_chains_and_engine_work(toy_service):
     url, _ = toy_service
     check_a_disconnect_stops_its_chains(url)
+
+
+def test_the_load_test_script_on_the_toy_service(toy_service):
+    """bench/load_test.py's rounds, small (4 clients, 2 s): the checks it makes hold on a real service."""
+    from bench.load_test import run_rounds, service_rss_mb, verdict
+
+    url, _ = toy_service
+    rows = run_rounds(url, [4], 2.0, passes=1, progress=lambda _: None)
+    (row,) = rows
+    assert row["answered"] > 0 and row["left"] > 0, row  # the mix includes clients that leave
+    assert row["errors"] == 0 and row["lost_or_duplicated"] == 0, row["error_samples"]
+    assert row["chains_finished"] >= row["answered"]
+    assert {"ingress", "Coordinator", "EngineReplica"} <= set(row["rss_mb_by_process"]) == set(service_rss_mb())
+    assert verdict(rows)["memory"]["flat"]  # one pass: trivially, but the verdict is computed
