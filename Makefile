@@ -6,7 +6,7 @@ PYTHON ?= python3
 STAMP := $(VENV)/.installed
 PIP := $(VENV)/bin/pip
 
-.PHONY: install sample test bench bench-virtual bench-real bench-ray bench-coordinator validate-real eval-real clean
+.PHONY: install sample test bench bench-virtual bench-real bench-ray bench-coordinator load-test validate-real eval-real clean
 
 install: $(STAMP)
 
@@ -50,3 +50,6 @@ bench-ray: $(STAMP)
 
 bench-coordinator: $(STAMP)
 	$(VENV)/bin/presto-ray bench-coordinator --out bench/results/coordinator_rate.json
+
+load-test: $(STAMP)
+	$(VENV)/bin/presto-ray load-test --clients 8,32,128 --duration 10 --passes 2 --out bench/results/load_test.json

@@ -158,6 +158,7 @@ class Coordinator:
             healthy=self._by_cluster_index(self.healthy, True),
             queue_depth=sum(len(q) for q in self.queues),
             chains_active=len(self.active_chains),
+            streams_running=len(self.streams.streams),
         )
 
     def _by_cluster_index(self, values: list, absent) -> list:

@@ -44,6 +44,7 @@ class CoordinatorSnapshot:
     healthy: list[bool] = field(default_factory=list)
     queue_depth: int = 0
     chains_active: int = 0
+    streams_running: int = 0  # streaming schedule: requests sent to replicas and neither ended nor aborted
     shards: int = 1
 
     @classmethod
@@ -65,6 +66,7 @@ class CoordinatorSnapshot:
             queue_depth=sum(p.queue_depth for p in parts),
             chains_active=sum(p.chains_active for p in parts),
             shards=sum(p.shards for p in parts),
+            streams_running=sum(p.streams_running for p in parts),
         )
 
     @property

@@ -41,6 +41,7 @@ from presto_ray.job import JobConfig
 from presto_ray.openai_api import (
     ApiError,
     Prepared,
+    SampledChoice,
     check_api_key,
     check_content_type,
     choice_from_result,
@@ -49,9 +50,12 @@ from presto_ray.openai_api import (
     error_event,
     internal_error,
     models_body,
+    openapi_route,
     prepare,
     progress_chunk,
+    sse_event,
     stats_body,
+    stream_end,
 )
 from presto_ray.serve_config import API_KEY_ENV
 
@@ -161,11 +165,11 @@ class PrestoIngress:
             return denied
         return get_redoc_html(openapi_url=f"{request.scope.get('root_path', '')}/openapi.json", title="presto-ray")
 
-    @api.post("/v1/completions")
+    @api.post("/v1/completions", **openapi_route(chat=False))
     async def completions(self, request: Request):
         return await self._handle(request, chat=False)
 
-    @api.post("/v1/chat/completions")
+    @api.post("/v1/chat/completions", **openapi_route(chat=True))
     async def chat_completions(self, request: Request):
         return await self._handle(request, chat=True)
 
@@ -220,7 +224,7 @@ class PrestoIngress:
 
             try:
                 result = await drive_chain(coordinator, ids[i], chains[i], on_round=progress)
-                await events.put(done_chunk(prepared, self._choice(prepared, i, result)))
+                await events.put(self._choice(prepared, i, result))
             except Exception as e:
                 await events.put(error_event(e, prepared.id))
             finally:
@@ -228,20 +232,24 @@ class PrestoIngress:
 
         tasks = [asyncio.create_task(run(i)) for i in range(len(chains))]
         try:
-            over = 0
+            over, finished = 0, []
             while over < len(tasks):
                 event = await events.get()
                 if event is None:
                     over += 1
                 else:
-                    yield f"data: {event.model_dump_json()}\n\n"
-            yield "data: [DONE]\n\n"
+                    if isinstance(event, SampledChoice):  # a chain is over: its text (and its cost, for usage)
+                        finished.append(event)
+                        event = done_chunk(prepared, event)
+                    yield sse_event(prepared, event)
+            for line in stream_end(prepared, finished):
+                yield line
         finally:
             for task in tasks:
                 task.cancel()  # the client went away: stop its chains
 
     def _choice(self, prepared: Prepared, index: int, result):
-        return choice_from_result(index, result, prepared.configs[index].seed, self.tokenizer)
+        return choice_from_result(index, result, prepared.configs[index].seed, self.tokenizer, prepared.logprobs)
 
     # --- helpers -------------------------------------------------------------------------
     def _denied(self, request: Request) -> JSONResponse | None:

@@ -396,6 +396,23 @@ def cmd_bench_ray(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_load_test(args: argparse.Namespace) -> int:
+    try:
+        clients = [int(c) for c in args.clients.split(",")]
+    except ValueError:
+        return _fail(f"--clients must be comma-separated integers, got {args.clients!r}")
+    if not clients or min(clients) < 1 or args.duration <= 0 or args.passes < 1:
+        return _fail("--clients, --duration and --passes must be positive")
+    try:
+        from bench.load_test import format_report, passed, run_load_test
+    except ImportError as e:
+        return _fail(f"load-test needs Ray Serve and httpx: pip install 'presto-ray[ray,bench]' ({e})")
+    report = run_load_test(clients, args.duration, args.passes, args.out, progress=lambda m: print(m, file=sys.stderr, flush=True))
+    print(format_report(report))
+    print(f"wrote {args.out}")
+    return 0 if passed(report) else 1
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     try:
         config = _load_job_config(args)
@@ -499,6 +516,15 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--png", default="out/eval.png", help="plot of accuracy and log-likelihood ('' for none)")
     _add_ray_options(e, "run through Ray (replicas and the batching coordinator)")
     e.set_defaults(func=cmd_eval)
+
+    lt = sub.add_parser(
+        "load-test", help="a bounded load test of the HTTP service on 127.0.0.1 (toy engine; stops by itself)"
+    )
+    lt.add_argument("--clients", default="8,32,128", help="concurrent clients per round (default 8,32,128)")
+    lt.add_argument("--duration", type=float, default=10.0, help="seconds each round sends requests (default 10)")
+    lt.add_argument("--passes", type=int, default=2, help="times over the client counts (memory must stay flat)")
+    lt.add_argument("--out", default="bench/results/load_test.json", help="JSON report")
+    lt.set_defaults(func=cmd_load_test)
 
     y = sub.add_parser("bench-ray", help="Ray throughput against concurrent chains (toy latency model, vLLM)")
     y.add_argument("--chains", default="1,2,4,8,16,32,64", help="chain counts on the toy engine")

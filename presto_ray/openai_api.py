@@ -16,11 +16,17 @@ Mapping to power sampling:
     they must agree.
   - `alpha`, `mh_steps`, `prefetch_budget`, `traversal`, `sampler` are accepted in the body, so
     the openai client's `extra_body` reaches them.
-  - Fields that would change the law or that power sampling cannot honour (`logprobs`, `stop`,
-    `echo`, `suffix`, `logit_bias`, `best_of`, tools, `top_k`, `min_p`, non-neutral `top_p` or
-    penalties) are rejected with a message naming them, never silently ignored; so is any field
-    this API does not know (a typo such as `mh_step`). Their neutral values (`best_of: 1`,
-    `tools: []`, `logprobs: 0`, ...) pass.
+  - `logprobs` (completions: 0; chat: true with `top_logprobs` 0) returns the final sample's
+    per-token log p0, which the chain computed: the base model's log-probabilities of the returned
+    tokens (a power sample has no per-token law of its own, so there are no top alternatives:
+    more than 0 is refused). `usage` counts tokens as OpenAI does and adds `usage.power_sampling`,
+    what the chains really cost the engines; `stream_options.include_usage` sends it in a last chunk.
+  - Fields that would change the law or that power sampling cannot honour (`stop`, `echo`,
+    `suffix`, `logit_bias`, `best_of`, tools, `top_k`, `min_p`, non-neutral `top_p` or penalties)
+    are rejected with a message naming them, never silently ignored; so is any field this API does
+    not know (a typo such as `mh_step`). Their neutral values (`best_of: 1`, `tools: []`, ...) pass.
+  - The request models are the OpenAPI schema too (`openapi_route`): /openapi.json lists every
+    field with its limits, the power-sampling ones included.
   - Transport rules live here too, as pure functions the ingress calls: the bearer token
     (`check_api_key`), the content type (`check_content_type`), and the body of a 500, which never
     carries internals (`internal_error`: the details go to the server log under an error id).
@@ -36,7 +42,7 @@ import random
 import time
 import uuid
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_serializer
 
@@ -53,7 +59,7 @@ if TYPE_CHECKING:  # the coordinator lives in the Ray layer; this module only re
 # OpenAI (and vLLM) fields power sampling cannot honour, each with the values that ask for nothing
 # and so may pass (an SDK or a proxy often sends them); any other value is a 400 naming the field
 UNSUPPORTED_FIELDS: dict[str, tuple] = {
-    "logprobs": (False, 0), "top_logprobs": (0,), "echo": (False,), "suffix": ("",), "stop": ([],),
+    "top_logprobs": (0,), "echo": (False,), "suffix": ("",), "stop": ([],),
     "logit_bias": ({},), "best_of": (1,), "tools": ([],), "tool_choice": ("none",), "functions": ([],),
     "function_call": ("none",), "response_format": ({"type": "text"},), "parallel_tool_calls": (False,),
     "top_k": (0, -1), "min_p": (0, 0.0), "repetition_penalty": (1, 1.0),
@@ -134,33 +140,74 @@ def check_content_type(content_type: str | None) -> None:
 
 
 # --- requests --------------------------------------------------------------------------------
+def _power_field(name: str, service_limit: str = ""):
+    """A request field that sets SamplerConfig's `name`: its type, limits and description are the
+    sampler's own, so the OpenAPI schema shows the same bounds the chain enforces."""
+    info = SamplerConfig.model_fields[name]
+    constrained = Annotated[(info.annotation, *info.metadata)] if info.metadata else info.annotation
+    description = f"Power sampling: {info.description}{service_limit}"
+    return Annotated[constrained | None, Field(None, description=description)]
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    include_usage: bool | None = Field(
+        None, description="Send a last chunk (empty `choices`) with the request's `usage`; every other chunk has `usage: null`."
+    )
+
+
 class _Request(BaseModel):
     # strict: "3" is not a number and 1 is not a bool; finite: Infinity, NaN and 1e400 are refused;
     # unknown fields are checked by hand (to name them, and to let neutral values of unsupported ones pass)
     model_config = ConfigDict(extra="allow", strict=True, allow_inf_nan=False)
 
-    model: str | None = None
-    max_tokens: int | None = Field(None, ge=1)
-    n: int = Field(1, ge=1)
-    seed: int | None = Field(None, ge=0, lt=2**62)
-    temperature: float | None = None
-    top_p: float | None = None
-    frequency_penalty: float | None = None
-    presence_penalty: float | None = None
-    stream: bool = False
-    stream_options: dict | None = None
+    model: str | None = Field(None, description="The served model's id (GET /v1/models); may be left out.")
+    max_tokens: int | None = Field(
+        None, ge=1, description="The horizon: tokens of the final sample (at most serve.max_tokens_limit, 2048 by default)."
+    )
+    n: int = Field(1, ge=1, description="Choices, one chain each (at most serve.max_n, 16 by default).")
+    seed: int | None = Field(
+        None, ge=0, lt=2**62, description="Choice i's chain uses derive_seed(seed, i); drawn and returned when absent."
+    )
+    temperature: float | None = Field(
+        None, description=f"t in [{MIN_TEMPERATURE:g}, 1] means alpha = 1/t (0 and values above 1 are refused)."
+    )
+    top_p: float | None = Field(None, description="Only 1 (or absent): power sampling draws from p0^alpha.")
+    frequency_penalty: float | None = Field(None, description="Only 0 (or absent).")
+    presence_penalty: float | None = Field(None, description="Only 0 (or absent).")
+    stream: bool = Field(False, description="Server-sent events: a progress chunk per chain round, then each choice's text.")
+    stream_options: StreamOptions | None = Field(None, description="Only with stream: true.")
     user: str | None = None
     # power sampling
-    alpha: float | None = None
-    mh_steps: int | None = None
-    block_size: int | None = Field(None, ge=1)
-    prefetch_budget: int | None = None
-    traversal: str | None = None
-    sampler: str | None = None
+    alpha: _power_field("alpha")
+    mh_steps: _power_field("mh_steps", " The service allows at most serve.max_mh_steps (1000 by default).")
+    block_size: _power_field("block_size", " It must divide max_tokens.")
+    prefetch_budget: _power_field("prefetch_budget", " The service allows at most serve.max_prefetch_budget (256 by default).")
+    traversal: _power_field("traversal")
+    sampler: _power_field("sampler")
+
+    def wants_logprobs(self) -> bool:
+        return False
 
 
 class CompletionRequest(_Request):
-    prompt: str | list[int] | list[str]
+    """POST /v1/completions. Any other OpenAI field is refused with a 400 naming it, unless it has
+    its neutral value (`best_of: 1`, `echo: false`, `stop: []`, `top_k: -1`, ...)."""
+
+    prompt: str | list[int] | list[str] = Field(
+        description="Text (sent raw, no chat template), a one-item list of text, or token ids."
+    )
+    logprobs: int | None = Field(
+        None,
+        ge=0,
+        json_schema_extra={"maximum": 0},
+        description="0: each returned token's log p0 (the base model's), as tokens/token_logprobs/top_logprobs/"
+        "text_offset; a power sample has no per-token top alternatives, so more than 0 is refused.",
+    )
+
+    def wants_logprobs(self) -> bool:
+        return self.logprobs is not None
 
 
 class ChatMessage(BaseModel):
@@ -170,7 +217,17 @@ class ChatMessage(BaseModel):
 
 
 class ChatRequest(_Request):
-    messages: list[ChatMessage] = Field(min_length=1)
+    """POST /v1/chat/completions. Any other OpenAI field is refused with a 400 naming it, unless it
+    has its neutral value (`tools: []`, `response_format: {"type": "text"}`, ...)."""
+
+    messages: list[ChatMessage] = Field(min_length=1, description="Through the model's chat template.")
+    logprobs: bool | None = Field(None, description="true: each returned token's log p0 (the base model's).")
+    top_logprobs: int | None = Field(
+        None, ge=0, json_schema_extra={"maximum": 0}, description="Only 0: a power sample has no per-token top alternatives."
+    )
+
+    def wants_logprobs(self) -> bool:
+        return bool(self.logprobs)
 
 
 @dataclass(frozen=True)
@@ -184,6 +241,8 @@ class Prepared:
     prompt_ids: list[int]
     seed: int  # the request's seed, given or drawn
     configs: list[SamplerConfig]  # choice i's chain, with seed derive_seed(seed, i)
+    logprobs: bool = False  # return each choice's per-token log p0
+    include_usage: bool = False  # streaming: a last chunk with the usage
 
 
 def prepare(
@@ -211,6 +270,8 @@ def prepare(
         prompt_ids=prompt,
         seed=seed,
         configs=[config.model_copy(update={"seed": derive_seed(seed, i)}) for i in range(request.n)],
+        logprobs=request.wants_logprobs(),
+        include_usage=bool(request.stream_options and request.stream_options.include_usage),
     )
 
 
@@ -245,6 +306,16 @@ def parse_request(raw: bytes, model: type[_Request], max_bytes: int) -> _Request
         value = getattr(request, name)
         if value is not None and value != neutral:
             raise ApiError(400, f"{name} must be {neutral} (or absent): power sampling draws from p0^alpha", name)
+    for name in ("logprobs", "top_logprobs"):
+        value = getattr(request, name, None)
+        if type(value) is int and value > 0:
+            message = (
+                f"{name} must be 0 (or absent): a power sample has no per-token top alternatives; "
+                "0 returns each sampled token's log p0"
+            )
+            raise ApiError(400, message, name)
+    if request.stream_options is not None and not request.stream:
+        raise ApiError(400, "stream_options is only allowed with stream: true", "stream_options")
     return request
 
 
@@ -386,6 +457,14 @@ class RequestSeed(BaseModel):
 
 
 @dataclass(frozen=True)
+class TokenLogprob:
+    """One returned token: its text alone and its log p0 under the base model, as the chain scored it."""
+
+    token: str
+    logprob: float
+
+
+@dataclass(frozen=True)
 class SampledChoice:
     """One chain's answer, before it takes the shape of a completion, a chat choice or a chunk."""
 
@@ -394,6 +473,33 @@ class SampledChoice:
     finish_reason: FinishReason
     completion_tokens: int
     power_sampling: PowerSamplingStats
+    stats: SampleStats  # the chain's whole cost, summed into usage.power_sampling
+    logprobs: tuple[TokenLogprob, ...] | None = None  # asked for: every returned token, EOS included
+
+
+class CompletionLogprobs(BaseModel):
+    """OpenAI's completions `logprobs` with `logprobs: 0`: the sampled tokens only (each
+    top_logprobs entry holds just the sampled token, as OpenAI's "up to logprobs + 1" allows)."""
+
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float]]
+    text_offset: list[int]  # where each token starts in the choice's text
+
+
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None
+
+
+class ChatTokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob] = []  # top_logprobs is 0: no alternatives
+
+
+class ChatLogprobs(BaseModel):
+    content: list[ChatTokenLogprob]
+    refusal: None = None
 
 
 class CompletionChoice(BaseModel):
@@ -401,7 +507,7 @@ class CompletionChoice(BaseModel):
     text: str
     finish_reason: FinishReason
     power_sampling: PowerSamplingStats
-    logprobs: None = None  # never computed: power sampling does not draw tokens one by one
+    logprobs: CompletionLogprobs | None = None  # only when asked: the final sample's log p0 per token
 
 
 class ChatMessageOut(BaseModel):
@@ -414,12 +520,50 @@ class ChatChoice(BaseModel):
     message: ChatMessageOut
     finish_reason: FinishReason
     power_sampling: PowerSamplingStats
+    logprobs: ChatLogprobs | None = None
+
+
+class PowerSamplingUsage(BaseModel):
+    """`usage.power_sampling`: what the request's chains really cost the engines, summed over its n
+    chains. A power sample is drawn by generating many proposals and keeping one, so these exceed
+    `completion_tokens` many times over; they are the figures to bill or to budget by."""
+
+    model_calls: int = Field(
+        description="Engine rounds the chains waited on (calls merge across chains and requests: a shared call counts once per chain)."
+    )
+    requests: int = Field(description="Generation requests the chains issued: every proposal, rejected and speculative (prefetched) ones included.")
+    generated_tokens: int = Field(description="Tokens those requests generated, rejected and speculative proposals included.")
+    prefill_tokens: int = Field(description="Prompt + prefix tokens those requests sent to the engine.")
+    cached_prefill_tokens: int = Field(description="Of prefill_tokens, those the engine read from its prefix cache.")
+    transitions: int = Field(description="MH steps completed.")
+    accepted: int = Field(description="MH proposals accepted.")
+    aborted_requests: int = Field(description="Streaming schedule: running requests aborted once the chain no longer needed them.")
+
+    @classmethod
+    def of(cls, stats: list[SampleStats]) -> "PowerSamplingUsage":
+        total = SampleStats()
+        for s in stats:
+            total.add(s)
+        return cls(
+            model_calls=total.model_calls,
+            requests=total.requests,
+            generated_tokens=total.generated_tokens,
+            prefill_tokens=total.prompt_tokens,
+            cached_prefill_tokens=total.cached_prompt_tokens,
+            transitions=total.transitions,
+            accepted=total.accepted,
+            aborted_requests=total.aborted_requests,
+        )
 
 
 class Usage(BaseModel):
+    """OpenAI's usage (the prompt counted once, the returned tokens of every choice) and what
+    the power sampling behind them cost."""
+
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    power_sampling: PowerSamplingUsage
 
 
 class CompletionResponse(BaseModel):
@@ -454,11 +598,17 @@ class DoneEvent(PowerSamplingStats):
     completion_tokens: int
 
 
+class UsageEvent(RequestSeed):
+    """The last chunk before [DONE] with stream_options.include_usage: no choices, the usage."""
+
+    event: Literal["usage"] = "usage"
+
+
 class CompletionChunkChoice(BaseModel):
     index: int
     text: str
     finish_reason: FinishReason | None
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
 
 
 class ChatDelta(BaseModel):
@@ -475,6 +625,7 @@ class ChatChunkChoice(BaseModel):
     index: int
     delta: ChatDelta
     finish_reason: FinishReason | None
+    logprobs: ChatLogprobs | None = None
 
 
 class CompletionChunk(BaseModel):
@@ -485,7 +636,8 @@ class CompletionChunk(BaseModel):
     created: int = Field(default_factory=_now)
     model: str
     choices: list[CompletionChunkChoice]
-    power_sampling: ProgressEvent | DoneEvent
+    power_sampling: ProgressEvent | DoneEvent | UsageEvent
+    usage: Usage | None = None  # sent (null but in the last chunk) only with stream_options.include_usage
 
 
 class ChatCompletionChunk(CompletionChunk):
@@ -505,16 +657,60 @@ class ModelList(BaseModel):
     data: list[ModelCard]
 
 
-def choice_from_result(index: int, result: SampleResult, seed: int, tokenizer: Tokenizer) -> SampledChoice:
-    """Choice `index` from its chain's result; `seed`: that chain's own seed."""
+def choice_from_result(
+    index: int, result: SampleResult, seed: int, tokenizer: Tokenizer, logprobs: bool = False
+) -> SampledChoice:
+    """Choice `index` from its chain's result; `seed`: that chain's own seed; `logprobs`: the
+    request asked for each returned token's log p0 (the chain's own, not recomputed)."""
     tokens = result.token_ids
     ended = bool(tokens) and tokens[-1] == tokenizer.eos_token_id
+    token_logprobs = None
+    if logprobs:
+        if len(result.logp0) != len(tokens):  # a chain always scores its state; never send made-up values
+            raise RuntimeError(f"the chain returned {len(tokens)} tokens but {len(result.logp0)} log p0 values")
+        token_logprobs = tuple(TokenLogprob(tokenizer.decode([t]), lp) for t, lp in zip(tokens, result.logp0))
     return SampledChoice(
         index=index,
         text=tokenizer.decode(tokens),
         finish_reason="stop" if ended else "length",
         completion_tokens=len(tokens),
         power_sampling=_power_sampling_stats(result.stats, seed),
+        stats=result.stats,
+        logprobs=token_logprobs,
+    )
+
+
+def _completion_logprobs(choice: SampledChoice) -> CompletionLogprobs | None:
+    if choice.logprobs is None:
+        return None
+    offsets, at = [], 0
+    for t in choice.logprobs:
+        offsets.append(at)
+        at += len(t.token)
+    return CompletionLogprobs(
+        tokens=[t.token for t in choice.logprobs],
+        token_logprobs=[t.logprob for t in choice.logprobs],
+        top_logprobs=[{t.token: t.logprob} for t in choice.logprobs],
+        text_offset=offsets,
+    )
+
+
+def _chat_logprobs(choice: SampledChoice) -> ChatLogprobs | None:
+    if choice.logprobs is None:
+        return None
+    content = [ChatTokenLogprob(token=t.token, logprob=t.logprob, bytes=list(t.token.encode())) for t in choice.logprobs]
+    return ChatLogprobs(content=content)
+
+
+def usage(prepared: Prepared, choices: list[SampledChoice]) -> Usage:
+    """OpenAI's counts (the prompt once, every choice's returned tokens) and the chains' real cost."""
+    prompt_tokens = len(prepared.prompt_ids)
+    completion_tokens = sum(c.completion_tokens for c in choices)
+    return Usage(
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
+        total_tokens=prompt_tokens + completion_tokens,
+        power_sampling=PowerSamplingUsage.of([c.stats for c in choices]),
     )
 
 
@@ -532,13 +728,10 @@ def _power_sampling_stats(stats: SampleStats, seed: int) -> PowerSamplingStats:
 
 def completion_response(prepared: Prepared, choices: list[SampledChoice]) -> CompletionResponse:
     """The whole answer to a request that did not ask to stream (a chat body when it was chat)."""
-    prompt_tokens = len(prepared.prompt_ids)
-    completion_tokens = sum(c.completion_tokens for c in choices)
-    total_tokens = prompt_tokens + completion_tokens
     fields = {
         "id": prepared.id,
         "model": prepared.model,
-        "usage": Usage(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, total_tokens=total_tokens),
+        "usage": usage(prepared, choices),
         "power_sampling": RequestSeed(seed=prepared.seed),
     }
     if prepared.chat:
@@ -548,12 +741,19 @@ def completion_response(prepared: Prepared, choices: list[SampledChoice]) -> Com
                 message=ChatMessageOut(content=c.text),
                 finish_reason=c.finish_reason,
                 power_sampling=c.power_sampling,
+                logprobs=_chat_logprobs(c),
             )
             for c in choices
         ]
         return ChatCompletionResponse(choices=chat_choices, **fields)
     completion_choices = [
-        CompletionChoice(index=c.index, text=c.text, finish_reason=c.finish_reason, power_sampling=c.power_sampling)
+        CompletionChoice(
+            index=c.index,
+            text=c.text,
+            finish_reason=c.finish_reason,
+            power_sampling=c.power_sampling,
+            logprobs=_completion_logprobs(c),
+        )
         for c in choices
     ]
     return CompletionResponse(choices=completion_choices, **fields)
@@ -572,23 +772,94 @@ def progress_chunk(
 def done_chunk(prepared: Prepared, choice: SampledChoice) -> CompletionChunk:
     """A choice's whole text, once its chain is over (power samples exist only whole)."""
     event = DoneEvent(**choice.power_sampling.model_dump(), completion_tokens=choice.completion_tokens)
-    return _chunk(prepared, choice.index, choice.text, choice.finish_reason, event)
+    return _chunk(prepared, choice.index, choice.text, choice.finish_reason, event, choice)
+
+
+def usage_chunk(prepared: Prepared, choices: list[SampledChoice]) -> CompletionChunk:
+    """With stream_options.include_usage, the last chunk: no choices, the whole request's usage."""
+    kind = ChatCompletionChunk if prepared.chat else CompletionChunk
+    event = UsageEvent(seed=prepared.seed)
+    return kind(id=prepared.id, model=prepared.model, choices=[], power_sampling=event, usage=usage(prepared, choices))
+
+
+def stream_end(prepared: Prepared, choices: list[SampledChoice]) -> list[str]:
+    """The events that close a stream whose chains are all over: the usage chunk when it was
+    asked for and every choice is there (a failed chain has no cost to report), then [DONE]."""
+    events = []
+    if prepared.include_usage and len(choices) == len(prepared.configs):
+        events.append(sse_event(prepared, usage_chunk(prepared, sorted(choices, key=lambda c: c.index))))
+    return [*events, "data: [DONE]\n\n"]
+
+
+def sse_event(prepared: Prepared, body: BaseModel) -> str:
+    """One server-sent event; chunks carry `usage` (null until the last) only when it was asked for."""
+    exclude = None if prepared.include_usage or not isinstance(body, CompletionChunk) else {"usage"}
+    return f"data: {body.model_dump_json(exclude=exclude)}\n\n"
 
 
 def _chunk(
-    prepared: Prepared, index: int, text: str | None, finish_reason: FinishReason | None, event: ProgressEvent | DoneEvent
+    prepared: Prepared,
+    index: int,
+    text: str | None,
+    finish_reason: FinishReason | None,
+    event: ProgressEvent | DoneEvent,
+    choice: SampledChoice | None = None,
 ) -> CompletionChunk:
     if prepared.chat:
         delta = ChatDelta(role="assistant", content=text) if text is not None else ChatDelta()
-        choice = ChatChunkChoice(index=index, delta=delta, finish_reason=finish_reason)
-        return ChatCompletionChunk(id=prepared.id, model=prepared.model, choices=[choice], power_sampling=event)
-    choice = CompletionChunkChoice(index=index, text=text or "", finish_reason=finish_reason)
-    return CompletionChunk(id=prepared.id, model=prepared.model, choices=[choice], power_sampling=event)
+        logprobs = _chat_logprobs(choice) if choice else None
+        chunk_choice = ChatChunkChoice(index=index, delta=delta, finish_reason=finish_reason, logprobs=logprobs)
+        return ChatCompletionChunk(id=prepared.id, model=prepared.model, choices=[chunk_choice], power_sampling=event)
+    logprobs = _completion_logprobs(choice) if choice else None
+    chunk_choice = CompletionChunkChoice(index=index, text=text or "", finish_reason=finish_reason, logprobs=logprobs)
+    return CompletionChunk(id=prepared.id, model=prepared.model, choices=[chunk_choice], power_sampling=event)
 
 
 def error_event(error: Exception, request_id: str | None = None) -> ErrorResponse:
     """The event a stream sends when a chain fails (the HTTP status is already 200)."""
     return internal_error(error, request_id).response()
+
+
+# --- OpenAPI ---------------------------------------------------------------------------------
+def openapi_route(chat: bool) -> dict:
+    """The POST route's decorator arguments: its documented body is the request model, its answers
+    the response models. The ingress reads and validates the body itself (401, 413 and 415 come
+    before parsing, and a 400 names the field), so the schema is declared rather than inferred."""
+    request = ChatRequest if chat else CompletionRequest
+    chunk = ChatCompletionChunk if chat else CompletionChunk
+    body = {"application/json": {"schema": _inline_refs(request.model_json_schema())}}
+    ok = {
+        "model": ChatCompletionResponse if chat else CompletionResponse,
+        "description": "The choices; with stream: true, server-sent events, each `data:` line one chunk, then `data: [DONE]`.",
+        "content": {"text/event-stream": {"schema": _inline_refs(chunk.model_json_schema(mode="serialization"))}},
+    }
+    errors = {
+        400: "A field is invalid or cannot be honoured: `error.param` names it.",
+        401: "Missing or wrong bearer token.",
+        404: "Another model was named.",
+        413: "The body is over serve.max_body_bytes.",
+        415: "The body is not application/json.",
+        500: "Not the client's fault: the message names an error id in the server log.",
+    }
+    responses = {200: ok, **{status: {"model": ErrorResponse, "description": d} for status, d in errors.items()}}
+    return {"openapi_extra": {"requestBody": {"required": True, "content": body}}, "responses": responses}
+
+
+def _inline_refs(schema: dict) -> dict:
+    """A model's JSON schema with its `$defs` written in place: an operation's schema cannot point
+    into a `$defs` of its own (the request models have no recursive types)."""
+    defs = schema.pop("$defs", {})
+
+    def inline(node: Any) -> Any:
+        if isinstance(node, dict):
+            if (ref := node.get("$ref", "")).startswith("#/$defs/"):
+                return inline(defs[ref.removeprefix("#/$defs/")])
+            return {k: inline(v) for k, v in node.items()}
+        if isinstance(node, list):
+            return [inline(v) for v in node]
+        return node
+
+    return inline(schema)
 
 
 def models_body(model_name: str) -> ModelList:
@@ -609,4 +880,5 @@ def stats_body(snapshot: "CoordinatorSnapshot") -> dict:
         "queue_depth": snapshot.queue_depth,
         "chains_active": snapshot.chains_active,
         "coordinator_shards": snapshot.shards,
+        "streams_running": snapshot.streams_running,
     }

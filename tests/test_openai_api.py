@@ -23,9 +23,12 @@ from presto_ray.openai_api import (
     error_event,
     internal_error,
     models_body,
+    openapi_route,
     prepare,
     progress_chunk,
+    sse_event,
     stats_body,
+    stream_end,
 )
 from presto_ray.results import SampleResult, SampleStats
 from presto_ray.serve_config import ServeSettings
@@ -97,7 +100,12 @@ BAD_INPUTS = [
     ({"repetition_penalty": 1.2}, 400, "repetition_penalty"),
     ({"mh_step": 5}, 400, "mh_step"),
     ({"best_of": 2}, 400, "best_of"),
-    ({"logprobs": True}, 400, "logprobs"),
+    ({"logprobs": True}, 400, "logprobs"),  # completions: an int (0 returns log p0)
+    ({"logprobs": 1}, 400, "logprobs"),  # no per-token top alternatives exist
+    ({"top_logprobs": 2}, 400, "top_logprobs"),
+    ({"stream_options": {"include_usage": True}}, 400, "stream_options"),  # without stream
+    ({"stream": True, "stream_options": {"include_usage": "yes"}}, 400, "stream_options"),
+    ({"stream": True, "stream_options": {"include_usage": True, "surprise": 1}}, 400, "stream_options"),
     ({"tools": [{"type": "function"}]}, 400, "tools"),
     # work bounds (item 5)
     ({"max_tokens": 512, "block_size": 1}, 400, "block_size"),
@@ -209,12 +217,23 @@ def test_a_request_without_seed_gets_a_drawn_one():
 
 # --- response bodies -------------------------------------------------------------------------
 EOS = TOKENIZER.eos_token_id
-STATS = SampleStats(model_calls=4, transitions=10, accepted=5, requests=12)
-RESULTS = [SampleResult((5, 6, EOS), STATS), SampleResult((7, 8, 9, 10), STATS)]  # one stopped at EOS, one did not
+STATS = SampleStats(
+    model_calls=4, transitions=10, accepted=5, requests=12, generated_tokens=90, prompt_tokens=300,
+    cached_prompt_tokens=200, aborted_requests=1,
+)  # fmt: skip
+LOGP0 = [(-0.5, -1.25, -0.125), (-2.0, -0.25, -0.75, -1.5)]
+RESULTS = [SampleResult((5, 6, EOS), STATS, LOGP0[0]), SampleResult((7, 8, 9, 10), STATS, LOGP0[1])]  # one stopped at EOS, one did not
+USAGE_POWER_SAMPLING = {  # both chains' STATS summed
+    "model_calls": 8, "requests": 24, "generated_tokens": 180, "prefill_tokens": 600, "cached_prefill_tokens": 400,
+    "transitions": 20, "accepted": 10, "aborted_requests": 2,
+}  # fmt: skip
 
 
 def sampled(prepared: Prepared):
-    return [choice_from_result(i, r, c.seed, TOKENIZER) for i, (r, c) in enumerate(zip(RESULTS, prepared.configs))]
+    return [
+        choice_from_result(i, r, c.seed, TOKENIZER, prepared.logprobs)
+        for i, (r, c) in enumerate(zip(RESULTS, prepared.configs))
+    ]
 
 
 def expected_stats(seed: int) -> dict:
@@ -239,11 +258,16 @@ def test_completion_body():
             {"index": 1, "text": TOKENIZER.decode([7, 8, 9, 10]), "finish_reason": "length",
              "power_sampling": expected_stats(derive_seed(42, 1)), "logprobs": None},
         ],  # fmt: skip
-        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": 7, "total_tokens": prompt_tokens + 7},
+        "usage": {
+            "prompt_tokens": prompt_tokens, "completion_tokens": 7, "total_tokens": prompt_tokens + 7,
+            "power_sampling": USAGE_POWER_SAMPLING,
+        },  # fmt: skip
         "power_sampling": {"seed": 42},
     }
     parsed = openai.types.Completion.model_validate({**body, "created": 0})
     assert [c.finish_reason for c in parsed.choices] == ["stop", "length"]
+    assert parsed.usage.total_tokens == prompt_tokens + 7
+    assert parsed.usage.model_extra["power_sampling"]["generated_tokens"] == 180
 
 
 def test_chat_body():
@@ -276,7 +300,7 @@ def test_chat_stream_chunks():
     prepared = replace(prepare_body({**GOOD, "seed": 42, "stream": True}), chat=True)
     progress = progress_chunk(prepared, 0, STATS, 1, 8).model_dump(mode="json")
     assert progress["object"] == "chat.completion.chunk"
-    assert progress["choices"] == [{"index": 0, "delta": {}, "finish_reason": None}]
+    assert progress["choices"] == [{"index": 0, "delta": {}, "finish_reason": None, "logprobs": None}]
     choice = sampled(prepared)[0]
     done = openai.types.chat.ChatCompletionChunk.model_validate(done_chunk(prepared, choice).model_dump(mode="json"))
     assert (done.choices[0].delta.role, done.choices[0].delta.content) == ("assistant", choice.text)
@@ -307,7 +331,7 @@ def test_error_event_models_and_stats_bodies():
 # --- hardening (issue 15) --------------------------------------------------------------------
 @pytest.mark.parametrize(
     "neutral",
-    [{"best_of": 1}, {"tools": []}, {"logprobs": 0}, {"logprobs": False}, {"logprobs": None}, {"echo": False},
+    [{"best_of": 1}, {"tools": []}, {"logprobs": None}, {"top_logprobs": 0}, {"echo": False},
      {"top_k": -1}, {"min_p": 0.0}, {"repetition_penalty": 1.0}, {"stop": None}, {"user": "me"}],
     ids=lambda change: next(iter(change.items())).__repr__(),
 )  # fmt: skip
@@ -449,3 +473,87 @@ def test_the_vllm_context_leaves_room_for_the_scoring_pass():
     with pytest.raises(ApiError) as caught:
         prepare(json.dumps({"prompt": prompt, "max_tokens": 56}).encode(), False, **kwargs)
     assert caught.value.param == "prompt" and "context of 63 tokens" in caught.value.message
+
+
+# --- usage, logprobs, stream_options, OpenAPI (issue 12) ---------------------------------------
+def test_completion_logprobs_are_the_chains_log_p0_in_openais_shape():
+    prepared = prepare_body({**GOOD, "n": 2, "seed": 42, "logprobs": 0})
+    assert prepared.logprobs and not prepare_body(GOOD).logprobs
+    body = completion_response(prepared, sampled(prepared)).model_dump(mode="json")
+    parsed = openai.types.Completion.model_validate(body)
+    for choice, tokens, logp0 in zip(parsed.choices, [(5, 6, EOS), (7, 8, 9, 10)], LOGP0):
+        lp = choice.logprobs
+        assert lp.token_logprobs == list(logp0)  # every returned token, EOS included
+        assert lp.tokens == [TOKENIZER.decode([t]) for t in tokens]
+        assert lp.top_logprobs == [{token: value} for token, value in zip(lp.tokens, logp0)]
+        assert "".join(lp.tokens) == choice.text
+        assert [choice.text[o:] for o in lp.text_offset] == ["".join(lp.tokens[i:]) for i in range(len(tokens))]
+
+
+def test_chat_logprobs_and_the_streamed_done_chunk_carry_them():
+    body = {"model": "toy", "messages": MESSAGES, "max_tokens": 8, "n": 2, "seed": 9, "logprobs": True, "top_logprobs": 0}
+    prepared = prepare_body(body, chat=True)
+    parsed = openai.types.chat.ChatCompletion.model_validate(completion_response(prepared, sampled(prepared)).model_dump(mode="json"))
+    content = parsed.choices[1].logprobs.content
+    assert [t.logprob for t in content] == list(LOGP0[1]) and all(t.top_logprobs == [] for t in content)
+    assert [t.token for t in content] == [TOKENIZER.decode([t]) for t in (7, 8, 9, 10)]
+    assert content[0].bytes == list(content[0].token.encode())
+    assert prepare_body({**body, "logprobs": False}, chat=True).logprobs is False
+    assert api_error({**body, "logprobs": 0}, chat=True).param == "logprobs"  # chat's is a bool
+    assert api_error({**body, "top_logprobs": 1}, chat=True).param == "top_logprobs"
+    streamed = replace(prepared, stream=True)
+    done = done_chunk(streamed, sampled(streamed)[0]).model_dump(mode="json")
+    chunk = openai.types.chat.ChatCompletionChunk.model_validate(done)
+    assert [t.logprob for t in chunk.choices[0].logprobs.content] == list(LOGP0[0])
+
+
+def test_a_result_without_its_log_p0_is_never_answered_with_made_up_values():
+    prepared = prepare_body({**GOOD, "logprobs": 0})
+    with pytest.raises(RuntimeError, match="log p0"):
+        choice_from_result(0, SampleResult((5, 6), STATS), 1, TOKENIZER, logprobs=True)
+    assert choice_from_result(0, SampleResult((5, 6), STATS), 1, TOKENIZER).logprobs is None
+    assert prepared.logprobs
+
+
+def test_include_usage_sends_a_last_chunk_and_usage_nowhere_else_without_it():
+    plain = prepare_body({**GOOD, "n": 2, "seed": 42, "stream": True})
+    assert not plain.include_usage
+    choices = sampled(plain)
+    plain_events = [sse_event(plain, progress_chunk(plain, 0, STATS, 1, 8)), sse_event(plain, done_chunk(plain, choices[0]))]
+    assert all('"usage"' not in e for e in plain_events)
+    assert stream_end(plain, choices) == ["data: [DONE]\n\n"]
+
+    asked = prepare_body({**GOOD, "n": 2, "seed": 42, "stream": True, "stream_options": {"include_usage": True}})
+    assert asked.include_usage
+    chunk = json.loads(sse_event(asked, done_chunk(asked, choices[1])).removeprefix("data: "))
+    assert chunk["usage"] is None  # OpenAI: every other chunk says usage: null
+    last, done = stream_end(asked, list(reversed(choices)))
+    assert done == "data: [DONE]\n\n"
+    usage_chunk = openai.types.Completion.model_validate(json.loads(last.removeprefix("data: ")))
+    assert usage_chunk.choices == [] and usage_chunk.usage.completion_tokens == 7
+    assert usage_chunk.usage.prompt_tokens == len(asked.prompt_ids)
+    assert usage_chunk.usage.model_extra["power_sampling"] == USAGE_POWER_SAMPLING
+    assert usage_chunk.model_extra["power_sampling"] == {"seed": 42, "event": "usage"}
+    # a chain that failed has no cost to report: no usage chunk, still [DONE]
+    assert stream_end(asked, choices[:1]) == ["data: [DONE]\n\n"]
+    chat = replace(asked, chat=True)
+    parsed = openai.types.chat.ChatCompletionChunk.model_validate(json.loads(stream_end(chat, choices)[0].removeprefix("data: ")))
+    assert parsed.choices == [] and parsed.usage.total_tokens == len(asked.prompt_ids) + 7
+
+
+def test_the_route_schema_lists_every_field_with_the_samplers_limits():
+    from presto_ray.config import MAX_ALPHA, MAX_PREFETCH_BUDGET
+
+    for chat in (False, True):
+        route = openapi_route(chat)
+        schema = route["openapi_extra"]["requestBody"]["content"]["application/json"]["schema"]
+        fields = schema["properties"]
+        assert "$defs" not in json.dumps(schema)  # inlined: an operation cannot hold its own $defs
+        bounds = {name: next(a for a in fields[name]["anyOf"] if a["type"] != "null") for name in ("alpha", "mh_steps", "prefetch_budget", "block_size")}
+        assert (bounds["alpha"]["minimum"], bounds["alpha"]["maximum"]) == (1.0, MAX_ALPHA)
+        assert bounds["prefetch_budget"]["maximum"] == MAX_PREFETCH_BUDGET and bounds["mh_steps"]["minimum"] == 0
+        assert bounds["block_size"]["minimum"] == 1
+        assert next(a for a in fields["traversal"]["anyOf"] if a["type"] != "null")["enum"] == ["serial", "bfs", "predictive"]
+        assert {"n", "seed", "max_tokens", "temperature", "stream", "stream_options", "logprobs"} <= set(fields)
+        assert fields["logprobs"]["description"] and ("messages" if chat else "prompt") in schema["required"]
+        assert set(route["responses"]) == {200, 400, 401, 404, 413, 415, 500}

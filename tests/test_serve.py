@@ -137,6 +137,8 @@ def test_a_streaming_schedule_service_answers_with_the_serial_samples(serve_base
             progress += chunk.model_extra["power_sampling"]["event"] == "progress"
             texts[chunk.choices[0].index] += chunk.choices[0].text
         assert progress >= 2 and [texts[0], texts[1]] == serial
+        # a client that leaves: its chains stop and the coordinator aborts their running requests
+        check_a_disconnect_stops_its_chains(f"{serve_base_url}/streaming")
     finally:
         serve.delete("streaming")
 
@@ -403,3 +405,168 @@ def test_fuzzed_bodies_never_get_a_5xx(serve_base_url):
     finally:
         serve.delete("fuzz")
     assert 200 in statuses and 400 in statuses
+
+
+# --- OpenAI conformance (issue 12): usage, stream_options, logprobs, the schema, disconnects ---
+def toy_log_p0(config: JobConfig, prompt_ids, token_ids) -> list[float]:
+    """log p0 of each token given the prompt and the tokens before it, straight from the toy
+    model's next-token distribution (not from the chain that sampled them)."""
+    engine = config.engine.build()
+    return [float(engine.next_token_logprobs(list(prompt_ids) + list(token_ids[:i]))[t]) for i, t in enumerate(token_ids)]
+
+
+def in_process_tokens(config: JobConfig, prompt_ids, seed: int, n: int, **fields) -> list[tuple[int, ...]]:
+    engine = config.engine.build()
+    base = config.sampler.model_dump()
+    configs = [SamplerConfig.model_validate({**base, **fields, "seed": derive_seed(seed, i)}) for i in range(n)]
+    return [sample(engine, prompt_ids, c).token_ids for c in configs]
+
+
+POWER_SAMPLING_USAGE = {"model_calls", "requests", "generated_tokens", "prefill_tokens", "cached_prefill_tokens",
+                        "transitions", "accepted", "aborted_requests"}  # fmt: skip
+
+
+def check_usage(usage, prompt_tokens: int, returned: list[int]) -> dict:
+    assert (usage.prompt_tokens, usage.completion_tokens) == (prompt_tokens, sum(returned))
+    assert usage.total_tokens == prompt_tokens + sum(returned)
+    cost = usage.model_extra["power_sampling"]
+    assert set(cost) == POWER_SAMPLING_USAGE
+    # every proposal counts, rejected and speculative ones too: far more than what is returned
+    assert cost["generated_tokens"] > usage.completion_tokens and cost["requests"] > len(returned)
+    assert 0 < cost["model_calls"] <= cost["requests"] and cost["transitions"] > 0
+    return cost
+
+
+def test_usage_and_logprobs_through_the_openai_client(toy_service):
+    url, config = toy_service
+    c = client(url)
+    args = {"model": "toy", "prompt": "Tell me", "max_tokens": 16, "n": 2, "seed": 11, "extra_body": {"block_size": 8}}
+    whole = c.completions.create(logprobs=0, **args)
+    prompt_ids = config.engine.build().tokenizer.encode_raw("Tell me")
+    tokens = in_process_tokens(config, prompt_ids, 11, 2, num_blocks=2)
+    cost = check_usage(whole.usage, len(prompt_ids), [len(t) for t in tokens])
+    for choice, token_ids in zip(whole.choices, tokens):
+        lp = choice.logprobs
+        assert lp.token_logprobs == pytest.approx(toy_log_p0(config, prompt_ids, token_ids), abs=1e-9)
+        assert len(set(lp.token_logprobs)) > 1 and max(lp.token_logprobs) < 0
+        assert "".join(lp.tokens) == choice.text and lp.text_offset[0] == 0
+    assert c.completions.create(**args).choices[0].logprobs is None  # not asked: none
+
+    # streamed, with include_usage: the same texts and log-probabilities, usage only in a last chunk
+    chunks = list(c.completions.create(stream=True, logprobs=0, stream_options={"include_usage": True}, **args))
+    *events, last = chunks
+    assert last.choices == [] and all(chunk.usage is None for chunk in events)
+    streamed = check_usage(last.usage, len(prompt_ids), [len(t) for t in tokens])
+    for key in ("requests", "generated_tokens", "transitions", "accepted"):  # the chains' own counts: seeded
+        assert streamed[key] == cost[key], key
+    done = {ch.choices[0].index: ch.choices[0] for ch in events if ch.choices[0].finish_reason}
+    assert [done[i].logprobs.token_logprobs for i in (0, 1)] == [ch.logprobs.token_logprobs for ch in whole.choices]
+    # without include_usage no chunk says anything about usage (raw bytes: the client fills in None)
+    raw = httpx.post(f"{url}/v1/completions", json={**GOOD, "stream": True}, timeout=60).text
+    assert raw.rstrip().endswith("data: [DONE]") and '"usage"' not in raw
+
+
+def test_chat_logprobs_and_include_usage_through_the_openai_client(toy_service):
+    url, config = toy_service
+    c = client(url)
+    messages = [{"role": "user", "content": "Name a colour."}]
+    args = {"model": "toy", "messages": messages, "max_tokens": 8, "seed": 4, "logprobs": True, "top_logprobs": 0}
+    whole = c.chat.completions.create(**args)
+    prompt_ids = config.engine.build().tokenizer.apply_chat_template(messages)
+    (token_ids,) = in_process_tokens(config, prompt_ids, 4, 1)
+    content = whole.choices[0].logprobs.content
+    assert [t.logprob for t in content] == pytest.approx(toy_log_p0(config, prompt_ids, token_ids), abs=1e-9)
+    assert all(t.top_logprobs == [] for t in content)
+    check_usage(whole.usage, len(prompt_ids), [len(token_ids)])
+    chunks = list(c.chat.completions.create(stream=True, stream_options={"include_usage": True}, **args))
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+    (done,) = [ch.choices[0] for ch in chunks[:-1] if ch.choices[0].finish_reason]
+    assert [t.logprob for t in done.logprobs.content] == [t.logprob for t in content]
+    for bad, param in [({"top_logprobs": 2}, "top_logprobs"), ({"logprobs": 0}, "logprobs")]:
+        with pytest.raises(openai.BadRequestError) as caught:
+            c.chat.completions.create(**{**args, **bad})
+        assert caught.value.body["param"] == param
+    with pytest.raises(openai.BadRequestError) as caught:
+        c.completions.create(**GOOD, logprobs=1)
+    assert caught.value.body["param"] == "logprobs"
+
+
+def test_the_openapi_schema_lists_the_power_sampling_fields_with_their_limits(toy_service):
+    url, _ = toy_service
+    schema = httpx.get(f"{url}/openapi.json", timeout=60).json()
+    for path, prompt in (("/v1/completions", "prompt"), ("/v1/chat/completions", "messages")):
+        operation = schema["paths"][path]["post"]
+        body = operation["requestBody"]["content"]["application/json"]["schema"]
+        fields = body["properties"]
+        limits = {name: next(a for a in fields[name]["anyOf"] if a.get("type") != "null") for name in ("alpha", "mh_steps", "prefetch_budget", "block_size")}
+        assert (limits["alpha"]["minimum"], limits["alpha"]["maximum"]) == (1.0, 1000.0)
+        assert (limits["prefetch_budget"]["minimum"], limits["prefetch_budget"]["maximum"]) == (1, 4096)
+        assert limits["mh_steps"]["minimum"] == 0 and limits["block_size"]["minimum"] == 1
+        assert {"traversal", "sampler", "n", "seed", "stream_options", "logprobs", prompt} <= set(fields)
+        assert prompt in body["required"] and "400" in operation["responses"]
+        response = operation["responses"]["200"]["content"]["application/json"]["schema"]["$ref"].split("/")[-1]
+        assert "usage" in schema["components"]["schemas"][response]["properties"]
+    docs = httpx.get(f"{url}/docs", timeout=60)
+    assert docs.status_code == 200 and "openapi.json" in docs.text
+
+
+def wait_for_idle(url: str, chains_finished: int, timeout: float = 30.0) -> dict:
+    """The coordinator's stats once every chain is over and nothing is queued, in flight or running."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        stats = httpx.get(f"{url}/v1/stats", timeout=10).json()
+        idle = stats["chains_active"] == 0 and stats["queue_depth"] == 0 and stats["streams_running"] == 0
+        if idle and not any(stats["inflight_calls_per_replica"]) and stats["chains_finished"] >= chains_finished:
+            return stats
+        assert time.monotonic() < deadline, stats
+        time.sleep(0.1)
+
+
+# long enough that no chain can end before its client leaves: each chain runs at least one block of
+# 1,000 MH steps (about 40 s on the toy here), each step consuming at least one proposal, so whole
+# runs ask for at least this many requests
+LONG = {"model": "toy", "prompt": "a long one", "max_tokens": 128, "n": 2, "seed": 2, "block_size": 8, "mh_steps": 1000}
+LONG_RUN_REQUESTS = 2 * 1000
+
+
+def check_a_disconnect_stops_its_chains(url: str) -> None:
+    import time
+
+    before = httpx.get(f"{url}/v1/stats", timeout=10).json()
+    with httpx.stream("POST", f"{url}/v1/completions", json={**LONG, "stream": True}, timeout=60) as response:
+        lines = response.iter_lines()
+        assert '"progress"' in next(line for line in lines if line.startswith("data:"))
+    # the stream is closed after one progress event: both chains stop, their engine work with them
+    first = wait_for_idle(url, before["chains_finished"] + 2)
+    assert 0 < first["submitted_requests"] - before["submitted_requests"] < LONG_RUN_REQUESTS  # stopped early
+    time.sleep(1.0)
+    later = httpx.get(f"{url}/v1/stats", timeout=10).json()
+    assert later["submitted_requests"] == first["submitted_requests"] and later["calls"] == first["calls"]
+    # a client that gives up on a whole (non-streamed) answer: the same
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{url}/v1/completions", json=LONG, timeout=httpx.Timeout(60, read=1.0))
+    second = wait_for_idle(url, first["chains_finished"] + 2)
+    assert 0 < second["submitted_requests"] - first["submitted_requests"] < LONG_RUN_REQUESTS
+    time.sleep(1.0)
+    assert httpx.get(f"{url}/v1/stats", timeout=10).json()["submitted_requests"] == second["submitted_requests"]
+
+
+def test_a_client_that_disconnects_stops_its_chains_and_engine_work(toy_service):
+    url, _ = toy_service
+    check_a_disconnect_stops_its_chains(url)
+
+
+def test_the_load_test_script_on_the_toy_service(toy_service):
+    """bench/load_test.py's rounds, small (4 clients, 2 s): the checks it makes hold on a real service."""
+    from bench.load_test import run_rounds, service_rss_mb, verdict
+
+    url, _ = toy_service
+    rows = run_rounds(url, [4], 2.0, passes=1, progress=lambda _: None)
+    (row,) = rows
+    assert row["answered"] > 0 and row["left"] > 0, row  # the mix includes clients that leave
+    assert row["errors"] == 0 and row["lost_or_duplicated"] == 0, row["error_samples"]
+    assert row["chains_finished"] >= row["answered"]
+    assert {"ingress", "Coordinator", "EngineReplica"} <= set(row["rss_mb_by_process"]) == set(service_rss_mb())
+    assert verdict(rows)["memory"]["flat"]  # one pass: trivially, but the verdict is computed

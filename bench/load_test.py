@@ -1,0 +1,380 @@
+"""A bounded load test of the HTTP service: `presto-ray load-test` (or `make load-test`).
+
+It starts the service on this machine (local Ray, Serve on 127.0.0.1 only, the toy engine), then
+for each client count (8, 32, 128 by default) runs that many concurrent clients for a fixed time,
+twice over (two passes), and stops. Every client loops over a fixed mix of requests: plain and
+`n = 2` completions, chat, streams (some with `stream_options.include_usage`), and clients that
+leave mid-request (a stream closed after its first progress event; a whole answer given up after
+a short read timeout). Each round reports throughput, p50/p95/p99 latency and errors, and checks:
+  - nothing lost or duplicated: every request ends as exactly one of answered, refused (an error)
+    or left by its client; response ids are unique, each answer echoes its own seed, each choice
+    of a stream ends once, and every stream ends with [DONE];
+  - cancelled work: after the round the coordinator shows no chain active, nothing queued, no
+    engine call in flight and no streamed engine request running (GET /v1/stats);
+  - memory: the RSS of the service's processes (the Serve ingress replica, the coordinator, the
+    engine replicas) after each round; the second pass must not grow past the first.
+
+The figures are wall clock on whatever machine runs it, with the load generator on the same cores.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import statistics
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable
+
+from bench.table import Columns, format_table
+from presto_ray import __version__
+from presto_ray.output import write_json_atomic
+
+# small requests, so a round holds many of them; the sampler's default schedule (streaming)
+TOY_SERVICE = {
+    "engine": {"kind": "toy", "vocab_size": 48, "logit_scale": 3.0, "eos_bias": -2.0, "max_model_len": 512},
+    "sampler": {"block_size": 8, "mh_steps": 4, "prefetch_budget": 4},
+    "serve": {},
+}
+# one client's loop: what it asks, in order (kind, n)
+MIX: list[tuple[str, int]] = [
+    ("plain", 1), ("stream", 2), ("chat", 1), ("leave_stream", 2),
+    ("plain", 2), ("stream_usage", 1), ("leave_whole", 1), ("chat_stream", 1),
+]  # fmt: skip
+LEAVE_WHOLE_AFTER_S = 0.05  # a client that gives up on a whole answer waits this long for it
+REQUEST_TIMEOUT_S = 120.0
+IDLE_TIMEOUT_S = 60.0
+MEMORY_GROWTH_LIMIT = 0.10  # the second pass may end at most this much above the first (RSS)
+MEMORY_GROWTH_FLOOR_MB = 32.0  # ... or this many MiB, whichever is larger (allocator noise)
+COLUMNS: Columns = [
+    ("pass", "pass", "{}"),
+    ("clients", "clients", "{}"),
+    ("duration_s", "s", "{:.1f}"),
+    ("answered", "answered", "{}"),
+    ("left", "left", "{}"),
+    ("errors", "errors", "{}"),
+    ("requests_per_s", "answers/s", "{:.1f}"),
+    ("p50_ms", "p50 ms", "{:.0f}"),
+    ("p95_ms", "p95 ms", "{:.0f}"),
+    ("p99_ms", "p99 ms", "{:.0f}"),
+    ("lost_or_duplicated", "lost/dup", "{}"),
+    ("idle_after_s", "idle after s", "{:.1f}"),
+    ("service_rss_mb", "RSS MiB", "{:.0f}"),
+]
+
+
+@dataclass
+class Round:
+    """What the clients of one round saw."""
+
+    latencies_s: list[float] = field(default_factory=list)  # answered requests, to their last byte
+    answered: int = 0
+    left: int = 0  # the client left on purpose
+    errors: list[str] = field(default_factory=list)
+    sent: int = 0
+    ids: list[str] = field(default_factory=list)  # every answer's id (duplicates are a failure)
+    problems: list[str] = field(default_factory=list)  # answers that were wrong or incomplete
+
+
+def _percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
+
+
+def _body(kind: str, n: int, seed: int) -> tuple[str, dict]:
+    chat = kind.startswith("chat")
+    body: dict = {"max_tokens": 16, "block_size": 8, "n": n, "seed": seed}
+    if chat:
+        body["messages"] = [{"role": "user", "content": f"Question {seed % 7}?"}]
+    else:
+        body["prompt"] = f"Question {seed % 7}: name a prime"  # few prompts: their calls merge
+    if kind in ("stream", "stream_usage", "chat_stream", "leave_stream"):
+        body["stream"] = True
+    if kind == "stream_usage":
+        body["stream_options"] = {"include_usage": True}
+    if kind.startswith("leave"):
+        body["mh_steps"] = 50  # long enough that the client leaves well before the end
+    return ("/v1/chat/completions" if chat else "/v1/completions"), body
+
+
+def _check_whole(body: dict, seed: int, n: int) -> str | None:
+    if body.get("power_sampling", {}).get("seed") != seed:
+        return f"answer carries seed {body.get('power_sampling')} for a request with seed {seed}"
+    if sorted(c["index"] for c in body["choices"]) != list(range(n)):
+        return f"answer has choices {[c['index'] for c in body['choices']]} for n = {n}"
+    return None
+
+
+def _check_stream(events: list[dict], n: int, include_usage: bool) -> str | None:
+    ids = {e.get("id") for e in events}
+    if len(ids) != 1:
+        return f"one stream carried ids {ids}"
+    done = [e["choices"][0]["index"] for e in events if e["choices"] and e["choices"][0]["finish_reason"]]
+    if sorted(done) != list(range(n)):
+        return f"stream ended choices {done} for n = {n}"
+    if include_usage and (events[-1]["choices"] or not events[-1].get("usage")):
+        return "include_usage: the last chunk is not the usage chunk"
+    return None
+
+
+async def _one_request(http, url: str, kind: str, n: int, seed: int, result: Round) -> None:
+    import httpx
+
+    path, body = _body(kind, n, seed)
+    started = time.perf_counter()
+    result.sent += 1
+    try:
+        if kind == "leave_whole":
+            try:
+                await http.post(f"{url}{path}", json=body, timeout=httpx.Timeout(REQUEST_TIMEOUT_S, read=LEAVE_WHOLE_AFTER_S))
+            except httpx.ReadTimeout:
+                result.left += 1
+                return
+            result.problems.append("a request meant to be left was answered first")  # the round is too fast for this mix
+            return
+        if body.get("stream"):
+            events, ended = [], False
+            async with http.stream("POST", f"{url}{path}", json=body, timeout=REQUEST_TIMEOUT_S) as response:
+                if response.status_code != 200:
+                    result.errors.append(f"{response.status_code}: {(await response.aread())[:200]!r}")
+                    return
+                async for line in response.aiter_lines():
+                    if not line.startswith("data: "):
+                        continue
+                    if line == "data: [DONE]":
+                        ended = True
+                        break
+                    event = json.loads(line.removeprefix("data: "))
+                    if "error" in event:
+                        result.errors.append(f"stream error: {event['error']['message']}")
+                        return
+                    events.append(event)
+                    if kind == "leave_stream":
+                        result.left += 1
+                        return  # closing the stream here is the client leaving
+            problem = "a stream ended without [DONE]" if not ended else _check_stream(events, n, kind == "stream_usage")
+            answer_id = events[0]["id"] if events else None
+        else:
+            response = await http.post(f"{url}{path}", json=body, timeout=REQUEST_TIMEOUT_S)
+            if response.status_code != 200:
+                result.errors.append(f"{response.status_code}: {response.text[:200]}")
+                return
+            whole = response.json()
+            problem, answer_id = _check_whole(whole, seed, n), whole["id"]
+    except httpx.HTTPError as e:
+        result.errors.append(f"{type(e).__name__}: {e}")
+        return
+    if problem:
+        result.problems.append(problem)
+        return
+    result.answered += 1
+    result.ids.append(answer_id)
+    result.latencies_s.append(time.perf_counter() - started)
+
+
+async def _run_clients(url: str, clients: int, duration_s: float, first_seed: int) -> Round:
+    """`clients` loops, each sending its next request until `duration_s` is over (requests in
+    flight then run to their end)."""
+    import httpx
+
+    result = Round()
+    deadline = time.perf_counter() + duration_s
+    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+
+    async def client(c: int, http) -> None:
+        i = 0
+        while time.perf_counter() < deadline:
+            kind, n = MIX[(c + i) % len(MIX)]
+            await _one_request(http, url, kind, n, first_seed + c * 100_000 + i, result)
+            i += 1
+
+    async with httpx.AsyncClient(limits=limits, trust_env=False) as http:
+        await asyncio.gather(*(client(c, http) for c in range(clients)))
+    return result
+
+
+def _stats(url: str) -> dict:
+    import httpx
+
+    return httpx.get(f"{url}/v1/stats", timeout=30, trust_env=False).json()
+
+
+def wait_until_idle(url: str, timeout_s: float = IDLE_TIMEOUT_S) -> tuple[float, dict]:
+    """Seconds until the coordinator shows no chain active, nothing queued, no call in flight and
+    no streamed engine request running; raises if that does not happen in time."""
+    started = time.perf_counter()
+    while True:
+        stats = _stats(url)
+        busy = stats["chains_active"] or stats["queue_depth"] or stats["streams_running"] or any(stats["inflight_calls_per_replica"])
+        if not busy:
+            return time.perf_counter() - started, stats
+        if time.perf_counter() - started > timeout_s:
+            raise RuntimeError(f"the service still works {timeout_s:.0f} s after its clients stopped: {stats}")
+        time.sleep(0.1)
+
+
+def service_rss_mb() -> dict[str, float]:
+    """RSS (MiB) of the service's live Ray actor processes by class: the Serve ingress replicas,
+    the coordinator and the engine replicas (read from /proc: they run on this machine)."""
+    from ray._private.state import actors  # the GCS actor table: the state API needs the dashboard
+
+    rss: dict[str, float] = {}
+    for actor in actors().values():
+        name = actor["ActorClassName"]
+        if actor["State"] != "ALIVE" or not (name.startswith("ServeReplica") or name in ("Coordinator", "EngineReplica")):
+            continue
+        kind = "ingress" if name.startswith("ServeReplica") else name
+        try:
+            with open(f"/proc/{actor['Pid']}/status") as f:
+                kib = next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+        except (OSError, StopIteration):
+            continue
+        rss[kind] = rss.get(kind, 0.0) + kib / 1024
+    return rss
+
+
+def run_rounds(
+    url: str,
+    client_counts: list[int],
+    duration_s: float,
+    passes: int,
+    memory: Callable[[], dict[str, float]] = service_rss_mb,
+    progress: Callable[[str], None] = print,
+) -> list[dict]:
+    """Every client count for `duration_s`, `passes` times over, against the service at `url`."""
+    rows = []
+    seed = 1
+    for p in range(1, passes + 1):
+        for clients in client_counts:
+            before = _stats(url)
+            started = time.perf_counter()
+            result = asyncio.run(_run_clients(url, clients, duration_s, seed))
+            elapsed = time.perf_counter() - started
+            seed += clients * 100_000
+            idle_after_s, after = wait_until_idle(url)
+            duplicated = len(result.ids) - len(set(result.ids))
+            lost = result.sent - (result.answered + result.left + len(result.errors) + len(result.problems))
+            rss = memory()
+            row = {
+                "pass": p,
+                "clients": clients,
+                "duration_s": elapsed,
+                "sent": result.sent,
+                "answered": result.answered,
+                "left": result.left,
+                "errors": len(result.errors) + len(result.problems),
+                "error_samples": (result.errors + result.problems)[:5],
+                "requests_per_s": result.answered / elapsed,
+                "p50_ms": 1000 * _percentile(result.latencies_s, 0.50),
+                "p95_ms": 1000 * _percentile(result.latencies_s, 0.95),
+                "p99_ms": 1000 * _percentile(result.latencies_s, 0.99),
+                "mean_ms": 1000 * statistics.fmean(result.latencies_s) if result.latencies_s else float("nan"),
+                "lost": lost,
+                "duplicated": duplicated,
+                "lost_or_duplicated": lost + duplicated,
+                "idle_after_s": idle_after_s,
+                "chains_finished": after["chains_finished"] - before["chains_finished"],
+                "engine_calls": after["calls"] - before["calls"],  # rounds schedule
+                "streamed_requests": after["streamed_requests"] - before["streamed_requests"],  # streaming schedule
+                "stream_aborts": after["stream_aborts"] - before["stream_aborts"],
+                "service_rss_mb": sum(rss.values()),
+                "rss_mb_by_process": rss,
+            }
+            rows.append(row)
+            progress(
+                f"pass {p}, {clients} clients: {result.answered} answered, {result.left} left, {row['errors']} errors, "
+                f"p50 {row['p50_ms']:.0f} ms, idle {idle_after_s:.1f} s after, RSS {row['service_rss_mb']:.0f} MiB"
+            )
+    return rows
+
+
+def memory_verdict(rows: list[dict]) -> dict:
+    """The RSS at the end of the last pass against the end of the first (same load behind each)."""
+    first_pass, last_pass = rows[0]["pass"], rows[-1]["pass"]
+    first = [r["service_rss_mb"] for r in rows if r["pass"] == first_pass][-1]
+    last = [r["service_rss_mb"] for r in rows if r["pass"] == last_pass][-1]
+    allowed = max(MEMORY_GROWTH_LIMIT * first, MEMORY_GROWTH_FLOOR_MB)
+    return {"first_pass_end_mb": first, "last_pass_end_mb": last, "growth_mb": last - first, "allowed_growth_mb": allowed,
+            "flat": last - first <= allowed}  # fmt: skip
+
+
+def verdict(rows: list[dict]) -> dict:
+    return {
+        "no_errors": all(r["errors"] == 0 for r in rows),
+        "nothing_lost_or_duplicated": all(r["lost_or_duplicated"] == 0 for r in rows),
+        "work_cancelled": True,  # wait_until_idle raised otherwise
+        "memory": memory_verdict(rows),
+    }
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_load_test(
+    client_counts: list[int],
+    duration_s: float,
+    passes: int = 2,
+    out_json: str | Path | None = None,
+    progress: Callable[[str], None] = print,
+) -> dict:
+    """Start the toy service on 127.0.0.1 (its own local Ray), run the rounds, stop everything."""
+    import ray
+    from ray import serve
+
+    from deployments.serve_app import app_for
+    from presto_ray.job import JobConfig
+
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a local, loopback-only cluster
+    config = JobConfig.model_validate(TOY_SERVICE)
+    port = _free_port()
+    ray.init(address="local", include_dashboard=False, configure_logging=False, log_to_driver=False)
+    try:
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        serve.run(app_for(config), name="load", route_prefix="/")
+        url = f"http://127.0.0.1:{port}"
+        progress(f"service up at {url}; {passes} passes over {client_counts} clients, {duration_s:g} s each")
+        rows = run_rounds(url, client_counts, duration_s, passes, progress=progress)
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+    report = {
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "version": __version__,
+        "machine": {"cpus": os.cpu_count(), "load_average_at_end": os.getloadavg()},
+        "service": TOY_SERVICE,
+        "mix": MIX,
+        "duration_s": duration_s,
+        "rows": rows,
+        "verdict": verdict(rows),
+    }
+    if out_json:
+        write_json_atomic(report, out_json)
+    return report
+
+
+def format_report(report: dict) -> str:
+    v = report["verdict"]
+    m = v["memory"]
+    lines = [
+        format_table(report["rows"], COLUMNS),
+        "",
+        f"no errors: {v['no_errors']}; nothing lost or duplicated: {v['nothing_lost_or_duplicated']}; "
+        f"every left request's work cancelled (idle after each round): {v['work_cancelled']}",
+        f"service RSS: {m['first_pass_end_mb']:.0f} MiB after pass 1, {m['last_pass_end_mb']:.0f} MiB after the last "
+        f"(growth {m['growth_mb']:+.0f} MiB, allowed {m['allowed_growth_mb']:.0f}): flat = {m['flat']}",
+    ]
+    return "\n".join(lines)
+
+
+def passed(report: dict) -> bool:
+    v = report["verdict"]
+    return v["no_errors"] and v["nothing_lost_or_duplicated"] and v["work_cancelled"] and v["memory"]["flat"]
