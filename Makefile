@@ -25,7 +25,7 @@ sample: $(STAMP)
 	$(VENV)/bin/presto-ray sample --config configs/local.yaml --out out/samples.parquet
 
 test: $(STAMP)
-	$(VENV)/bin/python -m pytest -q
+	$(VENV)/bin/python -m pytest -q --durations=15
 
 bench: $(STAMP)
 	$(VENV)/bin/presto-ray bench --out bench/results/toy.json
