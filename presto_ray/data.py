@@ -39,6 +39,14 @@ class ProcessorConfig(BaseModel):
     )
     fail_fast: bool = Field(False, description="Stop the job at the first bad prompt instead of writing its error.")
 
+    @classmethod
+    def from_job(cls, job: JobConfig, **overrides) -> "ProcessorConfig":
+        """Defaults read off the job config: `ray.chain_actors` stage actors, and batches sized so
+        that about `max_active_chains` chains run at once across the pool."""
+        batches = job.ray.chain_actors * cls.model_fields["batches_per_actor"].default
+        batch_size = max(1, job.max_active_chains // (job.chains_per_prompt * batches))
+        return cls.model_validate({"job": job, "concurrency": job.ray.chain_actors, "batch_size": batch_size, **overrides})
+
 
 class PowerSamplingProcessor:
     """`processor(ds) -> ds`; owns the coordinator and engine replicas until `shutdown()`."""
@@ -93,7 +101,7 @@ def build_power_sampling_processor(
     if isinstance(config, (str, Path)):
         config = JobConfig.from_yaml(config)
     if isinstance(config, JobConfig):
-        config = ProcessorConfig(job=config, **stage)
+        config = ProcessorConfig.from_job(config, **stage)
     elif stage:
         config = ProcessorConfig.model_validate({**dict(config), **stage})
     return PowerSamplingProcessor(config, address=address, replicas=replicas)
