@@ -171,3 +171,24 @@ def test_driver_memory_does_not_grow_with_the_input(ray_address, tmp_path):
     # the peak is transient (seen up to ~80 MB above under pytest on a loaded machine, flat
     # outside it): bounded well below "N copies of the input", recorded by the benchmark
     assert peak_large - peak_small < 128, rss
+
+
+def test_chains_lost_with_the_coordinator_are_replayed(ray_address, tmp_path):
+    """Keyed replay: chains lost with the coordinator (Ray restarts it) run again from their keys
+    and draw the same samples; nothing is written twice. (A dead stage actor is Ray Data's to
+    restart, its batch re-run: the same keyed replay.)"""
+    import threading
+
+    items, config = toy_job(prompts=4, chains=2)
+    config = config.model_copy(update={"engine": config.engine.model_copy(update={"call_latency_s": 0.05})})
+    rows = [{"id": item.id, "prompt": item.prompt} for item in items]
+    with build_power_sampling_processor(config, concurrency=2, batch_size=2) as processor:
+        job = threading.Thread(target=lambda: processor(ray.data.from_items(rows)).write_parquet(str(tmp_path / "out")))
+        job.start()
+        deadline = time.monotonic() + 120
+        while processor.snapshot().accounting.calls < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        ray.kill(processor.cluster.coordinator, no_restart=False)
+        job.join(timeout=300)
+        assert not job.is_alive()
+    assert_same_samples(read_samples(tmp_path / "out").to_pylist(), reference(items, config))
