@@ -3,7 +3,8 @@
     PYTHONPATH=. python -m bench.ray_data            # toy 1,000 prompts x 2 chains, vLLM CPU 8 prompts, 10k RSS
     PYTHONPATH=. python -m bench.ray_data --no-vllm
 
-Each pair of jobs runs on the same engine replica (started once, not timed) with its own
+Each pair of jobs runs on the same engine replica (started once and warmed up by both jobs on two
+prompts, not timed) with its own
 coordinator: the previous job (`deployments.batch_job.RayJob`: prompts read into the driver,
 chain actors, its own shard writer) and the Ray Data job (`deployments.data_job.run_data_job`:
 streamed read, the power-sampling actor pool, Ray's Parquet write and checkpoint). Rows per second
@@ -90,7 +91,7 @@ def compare(workload: str, items: list[PromptItem], config: JobConfig, replicas,
     from deployments.batch_job import RayJob
     from deployments.data_job import run_data_job
 
-    legacy_out, data_out = work / f"{workload}-legacy", work / f"{workload}-data"
+    legacy_out, data_out = work / f"{workload}-legacy".replace(" ", "_"), work / f"{workload}-data".replace(" ", "_")
     start = time.perf_counter()
     job = RayJob(items, config, legacy_out, replicas=replicas)
     try:
@@ -98,7 +99,7 @@ def compare(workload: str, items: list[PromptItem], config: JobConfig, replicas,
     finally:
         job.shutdown()
     legacy_wall = time.perf_counter() - start
-    prompts = _write_jsonl(work / f"{workload}.jsonl", items)
+    prompts = _write_jsonl(work / f"{workload}.jsonl".replace(" ", "_"), items)
     data = run_data_job(str(prompts), str(data_out), config, progress=False, replicas=replicas)
     same = _pairs(read_samples(legacy_out)) == _pairs(read_samples(data_out))
     return [
@@ -113,6 +114,7 @@ def _run_workload(workload: str, items, config: JobConfig, work: Path) -> list[d
     from actors.cluster import SamplingCluster
 
     with SamplingCluster(config.engine, config.ray) as cluster:  # replicas started once, not timed
+        compare(f"warm-up-{workload}", items[:2], config, cluster.replicas, work)  # vLLM's first calls, not timed
         return compare(workload, items, config, cluster.replicas, work)
 
 
