@@ -70,15 +70,16 @@ def cmd_sample(args: argparse.Namespace) -> int:
         config = _load_job_config(args)
     except _BadInput as e:
         return _fail(str(e))
+    if args.ray:
+        return _sample_on_ray(args, config)
+    if args.address:
+        return _fail("--address needs --ray")
+    if args.fail_fast:
+        return _fail("--fail-fast needs --ray (the in-process job stops at any bad prompt)")
     try:
         items = read_prompts(args.prompts)
     except PromptFileError as e:
         return _fail(str(e))
-
-    if args.ray:
-        return _sample_on_ray(args, items, config)
-    if args.address:
-        return _fail("--address needs --ray")
     args.out = args.out or "out/samples.parquet"
     try:
         engine = build_engine(config.engine)
@@ -104,41 +105,30 @@ def _print_summary(summary, show: int) -> None:
         print(f"- {row['prompt_id']}#{row['chain']}: {row['text'][:100]!r}")
 
 
-def _sample_on_ray(args: argparse.Namespace, items, config) -> int:
-    """The same job on Ray: shards in a folder, resumable (see deployments/batch_job.py)."""
+def _sample_on_ray(args: argparse.Namespace, config) -> int:
+    """The job on Ray Data: streamed read, the power-sampling stage, Parquet files in a folder,
+    resumable through Ray's checkpointing (see deployments/data_job.py)."""
     try:
-        from deployments.batch_job import JobFailed, run_ray_job
+        from deployments.data_job import BadPromptRow, JobFailed, run_data_job
     except ImportError as e:
-        return _fail(f"--ray needs Ray: pip install 'presto-ray[ray]' ({e})")
+        return _fail(f"--ray needs Ray Data: pip install 'presto-ray[ray]' ({e})")
     from presto_ray.models import ModelProvisionError
-    from presto_ray.progress import Progress
 
     out = args.out or "out/samples"
-    progress: list[Progress] = []
-
-    def on_start(pending: int, skipped: int) -> None:
-        if skipped:
-            print(f"resuming: {skipped} (prompt, chain) pairs already in {out}, {pending} to sample", file=sys.stderr)
-        progress.append(Progress(pending, enabled=not args.quiet))
-
     try:
-        summary = run_ray_job(
-            items,
-            config,
-            out,
-            address=args.address,
-            on_start=on_start,
-            on_sample=lambda row: progress[0].update(f"{row['prompt_id']}#{row['chain']}"),
+        summary = run_data_job(
+            args.prompts, out, config, address=args.address, progress=not args.quiet, fail_fast=args.fail_fast
         )
-    except ModelProvisionError as e:
+    except (ModelProvisionError, BadPromptRow) as e:
         return _fail(str(e))
-    except ValueError as e:  # the output folder holds other inputs' samples, or another job writes there
+    except ValueError as e:  # bad input file, the output folder holds other settings' samples, another writer
         return _fail(str(e))
     except JobFailed as e:  # not the user's input: exit 1, one line (the cause is chained for debugging)
         print(f"presto-ray: job failed: {e}", file=sys.stderr)
         return 1
-    print(f"wrote {len(summary.rows)} samples to {out}/ ({summary.skipped + summary.samples} in all)")
-    _print_summary(summary, args.show)
+    print(f"wrote {summary.samples + summary.errors} rows to {out}/ ({summary.errors} with an error)")
+    for line in summary.lines():
+        print(line)
     return 0
 
 
@@ -440,14 +430,18 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("sample", help="sample prompts and write Parquet (the main job)")
     s.add_argument("--prompts", default=str(EXAMPLES), help="JSONL or Parquet with id and prompt/messages")
     s.add_argument(
-        "--out", default=None, help="Parquet output: a file (default out/samples.parquet); with --ray a folder of shards (default out/samples)"
+        "--out", default=None, help="Parquet output: a file (default out/samples.parquet); with --ray a folder or URI (default out/samples)"
     )
     s.add_argument("--config", default=None, help="YAML job config (engine, sampler, chains_per_prompt)")
     s.add_argument("--chains", type=int, default=None, help="chains per prompt (overrides the config)")
     s.add_argument("--seed", type=int, default=None, help="job seed (overrides the config)")
     s.add_argument("--show", type=int, default=4, help="print this many sampled texts")
     s.add_argument("--quiet", action="store_true", help="no progress bar")
-    _add_ray_options(s, "run on Ray: engine replicas, a batching coordinator, chain actors")
+    s.add_argument(
+        "--fail-fast", action="store_true",
+        help="with --ray: stop at the first bad prompt (default: write its message in the 'error' column and go on)",
+    )
+    _add_ray_options(s, "run on Ray Data: streamed read, a power-sampling actor pool sharing engine replicas, resumable")
     s.set_defaults(func=cmd_sample)
 
     m = sub.add_parser("model", help="prepare the packaged SmolLM2-135M-Instruct (offline) and print its folder")

@@ -226,13 +226,18 @@ def _alive(pid) -> bool:
 
 
 def _shards(directory: Path) -> list[Path]:
-    return sorted(directory.glob("part-*.parquet")) if directory.is_dir() else []
+    """The Parquet files of a folder, without hidden ones (temp files, Ray's checkpoint folder)."""
+    if not directory.is_dir():
+        return []
+    return sorted(p for p in directory.glob("*.parquet") if not p.name.startswith((".", "_")))
 
 
 def read_samples(path: str | Path) -> pa.Table:
-    """A sample file or a folder of shards, as one table."""
+    """A sample file or a folder of Parquet files (the Ray job's output), as one table."""
     path = Path(path)
     if path.is_dir():
         shards = _shards(path)
-        return pa.concat_tables([pq.read_table(s) for s in shards]) if shards else SAMPLE_SCHEMA.empty_table()
+        if not shards:
+            return SAMPLE_SCHEMA.empty_table()
+        return pa.concat_tables([pq.read_table(s) for s in shards], promote_options="default")
     return pq.read_table(path)

@@ -39,7 +39,8 @@ def _text(value, where: str, field: str) -> str:
     return value
 
 
-def _item(row: dict, where: str) -> PromptItem:
+def parse_prompt_row(row: dict, where: str) -> PromptItem:
+    """One prompt from a row with `id` and `prompt` or `messages`; a PromptFileError names `where` and the field."""
     if not isinstance(row, dict):
         raise PromptFileError(f"{where}: expected an object with 'id' and 'prompt' or 'messages'")
     if "id" not in row or row["id"] is None or str(row["id"]) == "":
@@ -104,9 +105,9 @@ def read_prompts(path: str | Path) -> list[PromptItem]:
     if path.is_dir():
         raise PromptFileError(f"{path}: is a directory; give a JSONL or Parquet file")
     if path.suffix == ".parquet":
-        items = [_item(row, f"{path} row {i}") for i, row in enumerate(_parquet_rows(path))]
+        items = [parse_prompt_row(row, f"{path} row {i}") for i, row in enumerate(_parquet_rows(path))]
     else:
-        items = [_item(row, f"{path} line {lineno}") for lineno, row in _jsonl_rows(path)]
+        items = [parse_prompt_row(row, f"{path} line {lineno}") for lineno, row in _jsonl_rows(path)]
     ids = [item.id for item in items]
     duplicates = sorted({i for i in ids if ids.count(i) > 1})
     if duplicates:

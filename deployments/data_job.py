@@ -1,0 +1,215 @@
+"""The batch job on Ray Data: read prompts -> the power-sampling stage -> write Parquet, resumable.
+
+    presto-ray sample --ray --config configs/local.yaml --prompts prompts.jsonl --out out/samples
+    ray job submit --working-dir . -- presto-ray sample --ray --prompts s3://bucket/p.parquet --out s3://bucket/run1
+
+Reading, the actor pool, backpressure, progress and writing are Ray Data's; the input is never
+loaded into the driver. Resume is Ray Data's checkpointing (ray.data.checkpoint, Ray >= 2.5x),
+keyed by the prompt id column: a write commits a file and the ids it holds together (two-phase:
+a pending checkpoint, the data file, the commit; a file left by a killed job beside a pending
+checkpoint is deleted on the next run), and the next run's read drops rows whose id is committed.
+All chains of a prompt come out of one batch, hence one block and one file, so "this prompt's id
+is committed" means "each of its (prompt, chain) rows is written once". Two guarantees Ray's
+checkpoint does not give are kept here: one live writer per output folder (`OutputLock`), and a
+refusal to resume a folder written with another sampler config, engine, model or chain count
+(`.presto-ray-job.json`); Ray keys rows by id only, so a prompt whose text changed under the
+same id is skipped, not re-sampled (the `inputs` column still records what each sample used).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+import ray.data
+from ray.data.checkpoint import CheckpointConfig
+
+from actors.cluster import ensure_ray
+from actors.sampling_stage import BadPromptRow, JobFailed
+from deployments.checkpoint_filter import AnyBlockCheckpointFilter
+from presto_ray.data import ProcessorConfig, build_power_sampling_processor
+from presto_ray.data_columns import ERROR_COLUMN
+from presto_ray.engines.base import CallAccounting
+from presto_ray.job import JobConfig, engine_identity
+from presto_ray.output import OutputLock
+from presto_ray.prompts import PromptFileError
+
+CHECKPOINT_DIR = ".ray-checkpoint"  # inside the output folder; readers skip dot-folders
+JOB_RECORD = ".presto-ray-job.json"
+__all__ = ["BadPromptRow", "DataJobSummary", "JobFailed", "run_data_job"]
+
+
+@dataclass
+class DataJobSummary:
+    samples: int = 0  # rows written by this run with a sample
+    errors: int = 0  # rows written by this run with an error
+    skipped: int = 0  # rows a previous run had written
+    engine: CallAccounting = field(default_factory=CallAccounting)
+    resent_requests: int = 0
+    streamed_requests: int = 0
+    wall_time_s: float = 0.0
+    new_files: list[str] = field(default_factory=list)
+
+    @property
+    def rows_per_s(self) -> float:
+        return (self.samples + self.errors) / self.wall_time_s if self.wall_time_s else 0.0
+
+    def lines(self) -> list[str]:
+        return [
+            f"samples              {self.samples}",
+            f"errors               {self.errors}",
+            f"engine calls         {self.engine.calls} (streamed requests {self.streamed_requests})",
+            f"generated tokens     {self.engine.generated_tokens}",
+            f"wall time            {self.wall_time_s:.2f} s ({self.rows_per_s:.1f} rows/s)",
+        ] + ([f"resumed              {self.skipped} finished pairs skipped"] if self.skipped else [])
+
+
+def _filesystem(uri: str) -> tuple[pafs.FileSystem, str, bool]:
+    """(filesystem, path in it, is local) for a local path or any URI pyarrow accepts."""
+    if "://" not in uri:
+        path = str(Path(uri).resolve())
+        return pafs.LocalFileSystem(), path, True
+    fs, path = pafs.FileSystem.from_uri(uri)
+    return fs, path, isinstance(fs, pafs.LocalFileSystem)
+
+
+def read_prompt_rows(uri: str) -> "ray.data.Dataset":
+    """JSONL (`.jsonl`, `.json`) or Parquet (a file or a folder), streamed by Ray Data's readers.
+    JSON lines go through Ray's pandas reader, which keeps a row whose field has another type
+    (e.g. a number for a prompt) so that row, not the whole read, gets the error."""
+    fs, path, _ = _filesystem(uri)
+    info = fs.get_file_info(path)
+    if info.type == pafs.FileType.NotFound:
+        raise PromptFileError(f"{uri}: no such file")
+    if uri.endswith((".jsonl", ".json")):
+        return ray.data.read_json(uri if "://" in uri else path, lines=True)  # lines=True takes no filesystem
+    if uri.endswith(".parquet") or info.type == pafs.FileType.Directory:
+        return ray.data.read_parquet(path, filesystem=fs)
+    raise PromptFileError(f"{uri}: expected a .jsonl/.json file or Parquet (a .parquet file or a folder)")
+
+
+def _check_job_record(fs: pafs.FileSystem, out: str, record: dict) -> None:
+    """Refuse to resume a folder written with other settings; record them on its first run."""
+    path = f"{out}/{JOB_RECORD}"
+    if fs.get_file_info(path).type == pafs.FileType.File:
+        with fs.open_input_stream(path) as f:
+            previous = json.loads(f.read())
+        changed = [key for key in record if previous.get(key) != record[key]]
+        if changed:
+            what = "another sampler configuration" if "sampler" in changed else f"other {', '.join(changed)}"
+            raise ValueError(
+                f"{out} holds samples drawn with {what}; write to a new output folder or remove it"
+            )
+        return
+    fs.create_dir(out, recursive=True)
+    tmp = f"{path}.tmp"
+    with fs.open_output_stream(tmp) as f:
+        f.write(json.dumps(record, indent=2).encode())
+    fs.move(tmp, path)  # atomic on local disks; object stores write whole objects anyway
+
+
+def _data_files(fs: pafs.FileSystem, out: str) -> set[str]:
+    if fs.get_file_info(out).type != pafs.FileType.Directory:
+        return set()
+    infos = fs.get_file_info(pafs.FileSelector(out, recursive=False))
+    return {i.path for i in infos if i.type == pafs.FileType.File and i.base_name.endswith(".parquet")
+            and not i.base_name.startswith((".", "_"))}  # fmt: skip
+
+
+def _count(fs: pafs.FileSystem, files) -> tuple[int, int]:
+    """(rows, rows with an error) in these files, reading only the error column."""
+    rows = errors = 0
+    for path in files:
+        with fs.open_input_file(path) as f:
+            table = pq.read_table(f, columns=[ERROR_COLUMN])
+        rows += table.num_rows
+        errors += table.num_rows - table.column(ERROR_COLUMN).null_count
+    return rows, errors
+
+
+def run_data_job(
+    prompts: str,
+    out: str,
+    config: JobConfig | ProcessorConfig,
+    *,
+    address: str | None = None,
+    progress: bool = True,
+    replicas: list | None = None,
+    **stage,
+) -> DataJobSummary:
+    """Sample every (prompt, chain) of `prompts` not yet in `out`; `stage` sets ProcessorConfig fields."""
+    if isinstance(config, JobConfig):
+        processor_config = ProcessorConfig.from_job(config, **stage)
+    else:
+        processor_config = ProcessorConfig.model_validate({**dict(config), **stage})
+    job = processor_config.job
+    fs, out_path, local = _filesystem(out)
+    if fs.get_file_info(out_path).type == pafs.FileType.File:
+        raise ValueError(f"{out} is a file; the job writes a folder of Parquet files")
+    ensure_ray(address)
+    lock = OutputLock(out_path) if local else None  # object stores have no exclusive create
+    start = time.perf_counter()
+    if lock:
+        lock.acquire()
+    try:
+        record = {
+            "sampler": job.sampler.model_dump(mode="json"),
+            "engine": json.loads(engine_identity(job.engine)),
+            "chains_per_prompt": job.chains_per_prompt,
+            "id_column": processor_config.columns.id,
+        }
+        _check_job_record(fs, out_path, record)
+        before = _data_files(fs, out_path)
+        summary = DataJobSummary(skipped=_count(fs, before)[0])
+        context = ray.data.DataContext.get_current()
+        saved = context.checkpoint_config, context.enable_progress_bars
+        context.checkpoint_config = CheckpointConfig(
+            id_column=processor_config.columns.id,
+            checkpoint_path=_join(out, CHECKPOINT_DIR),
+            delete_checkpoint_on_success=False,  # a rerun of a finished job must find it: nothing to do
+            checkpoint_filter_cls=AnyBlockCheckpointFilter,
+        )
+        context.enable_progress_bars = progress
+        try:
+            rows = read_prompt_rows(prompts)  # after the checkpoint config: the read filters done ids
+            with build_power_sampling_processor(processor_config, address=address, replicas=replicas) as processor:
+                try:
+                    processor(rows).write_parquet(out_path, filesystem=fs)
+                except Exception as e:  # Ray wraps the stage's errors: surface ours as themselves
+                    raise _cause(e, (BadPromptRow, JobFailed, PromptFileError)) or e
+                snapshot = processor.snapshot()
+        finally:
+            context.checkpoint_config, context.enable_progress_bars = saved
+        summary.engine, summary.resent_requests = snapshot.accounting, snapshot.counters.resent_requests
+        summary.streamed_requests = snapshot.counters.streamed_requests
+        summary.new_files = sorted(_data_files(fs, out_path) - before)
+        rows, summary.errors = _count(fs, summary.new_files)
+        summary.samples = rows - summary.errors
+    finally:
+        if lock:
+            lock.release()
+    summary.wall_time_s = time.perf_counter() - start
+    return summary
+
+
+def _join(base: str, name: str) -> str:
+    return f"{base.rstrip('/')}/{name}" if "://" in base else str(Path(base).resolve() / name)
+
+
+def _cause(error: BaseException, kinds: tuple[type, ...]) -> BaseException | None:
+    """Our exception behind a Ray Data failure, rebuilt from its message. Ray Data re-raises a
+    stage's exception as a UserCodeException without pickling its cause, so only the remote
+    traceback in the message still names it (as "module.Class: message")."""
+    text = str(error)
+    for kind in kinds:
+        if isinstance(error, kind):
+            return error
+        found = re.findall(rf"^{re.escape(kind.__module__)}\.{kind.__qualname__}: (.+)$", text, re.MULTILINE)
+        if found:
+            return kind(found[-1])
+    return None

@@ -1,0 +1,107 @@
+"""Power sampling as a Ray Data stage, in the idiom of Ray Data LLM's `build_processor`:
+
+    from presto_ray.data import build_power_sampling_processor
+
+    with build_power_sampling_processor("configs/toy.yaml", concurrency=(1, 4)) as processor:
+        processor(ray.data.read_parquet("s3://bucket/prompts")).write_parquet("s3://bucket/samples")
+
+Input rows carry an id and a `prompt` or `messages` (column names configurable); each becomes
+`chains_per_prompt` output rows with the sample columns of presto_ray/output.py, an `error` column
+(null unless the prompt could not be sampled) and the input's other columns. The chains run in an
+actor pool (`concurrency`: a size or an autoscaling (min, max) range) whose actors all share one
+coordinator and its engine replicas, so requests merge into the same calls across the pool.
+
+Ray is imported only when a processor is built: the rest of presto_ray runs without it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from presto_ray.data_columns import ColumnNames
+from presto_ray.job import JobConfig
+
+
+class ProcessorConfig(BaseModel):
+    """How the stage runs; the job config says what it samples."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    job: JobConfig
+    columns: ColumnNames = ColumnNames()
+    concurrency: int | tuple[int, int] = Field(
+        1, description="Stage actors: a fixed count, or (min, max) for Ray Data to autoscale between."
+    )
+    batch_size: int = Field(8, ge=1, description="Prompts per batch; every chain of a batch runs at once.")
+    batches_per_actor: int = Field(
+        4, ge=1, le=1024, description="Batches each stage actor runs at once (their chains share its event loop)."
+    )
+    fail_fast: bool = Field(False, description="Stop the job at the first bad prompt instead of writing its error.")
+
+    @classmethod
+    def from_job(cls, job: JobConfig, **overrides) -> "ProcessorConfig":
+        """Defaults read off the job config: `ray.chain_actors` stage actors, and batches sized so
+        that about `max_active_chains` chains run at once across the pool."""
+        batches = job.ray.chain_actors * cls.model_fields["batches_per_actor"].default
+        batch_size = max(1, job.max_active_chains // (job.chains_per_prompt * batches))
+        return cls.model_validate({"job": job, "concurrency": job.ray.chain_actors, "batch_size": batch_size, **overrides})
+
+
+class PowerSamplingProcessor:
+    """`processor(ds) -> ds`; owns the coordinator and engine replicas until `shutdown()`."""
+
+    def __init__(self, config: ProcessorConfig, *, address: str | None = None, replicas: list | None = None) -> None:
+        from actors.cluster import SamplingCluster
+
+        self.config = config
+        self.cluster = SamplingCluster(config.job.engine, config.job.ray, address=address, replicas=replicas).start()
+
+    def __call__(self, ds):
+        from ray.data import ActorPoolStrategy
+
+        from actors.sampling_stage import PowerSamplingStage
+
+        c = self.config
+        size = dict(size=c.concurrency) if isinstance(c.concurrency, int) else dict(zip(("min_size", "max_size"), c.concurrency))
+        return ds.map_batches(
+            PowerSamplingStage,
+            batch_format="pyarrow",
+            batch_size=c.batch_size,
+            compute=ActorPoolStrategy(**size, max_concurrent_calls_per_actor=c.batches_per_actor),
+            num_cpus=c.job.ray.chain_actor_num_cpus,
+            fn_constructor_kwargs=dict(
+                coordinator=self.cluster.coordinator,
+                config_json=c.job.model_dump_json(),
+                columns=c.columns,
+                fail_fast=c.fail_fast,
+            ),
+        )
+
+    def snapshot(self):
+        """The coordinator's figures: engine calls, requests, replica failures."""
+        return self.cluster.snapshot()
+
+    def shutdown(self) -> None:
+        self.cluster.shutdown()
+
+    def __enter__(self) -> "PowerSamplingProcessor":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()
+
+
+def build_power_sampling_processor(
+    config: JobConfig | ProcessorConfig | str | Path, *, address: str | None = None, replicas: list | None = None, **stage
+) -> PowerSamplingProcessor:
+    """A processor for `config` (a job config, its YAML path, or a full ProcessorConfig); `stage`
+    sets ProcessorConfig fields (concurrency, batch_size, columns, fail_fast, ...). Starts the
+    engine replicas and the coordinator (or uses running `replicas`)."""
+    if isinstance(config, (str, Path)):
+        config = JobConfig.from_yaml(config)
+    if isinstance(config, JobConfig):
+        config = ProcessorConfig.from_job(config, **stage)
+    elif stage:
+        config = ProcessorConfig.model_validate({**dict(config), **stage})
+    return PowerSamplingProcessor(config, address=address, replicas=replicas)

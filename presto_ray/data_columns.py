@@ -1,0 +1,40 @@
+"""The columns of the Ray Data job: which input columns hold the prompt, and the output schema
+(today's sample columns plus `error`). Plain pydantic and pyarrow: importing it needs no Ray."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+from pydantic import BaseModel, ConfigDict, Field
+
+from presto_ray.output import COLUMNS, SAMPLE_SCHEMA
+
+ERROR_COLUMN = "error"
+# The sample columns, then why a row has no sample (null for good rows).
+OUTPUT_SCHEMA = SAMPLE_SCHEMA.append(pa.field(ERROR_COLUMN, pa.string()))
+
+
+class ColumnNames(BaseModel):
+    """Where a row keeps its id and its prompt; every other input column is passed through."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    id: str = Field("id", min_length=1, description="Unique row id: keys the chains' seeds and the checkpoint.")
+    prompt: str = Field("prompt", min_length=1, description="Plain-text prompt (give this or messages).")
+    messages: str = Field("messages", min_length=1, description="Chat messages [{role, content}, ...].")
+
+    @property
+    def prompt_fields(self) -> tuple[str, ...]:
+        return (self.id, self.prompt, self.messages)
+
+    @property
+    def dropped(self) -> tuple[str, ...]:
+        """Input columns not copied to the output: the prompt itself (the `inputs` hash keys it),
+        and the id when it has an output column's name (`prompt_id` holds it)."""
+        return (self.prompt, self.messages) + ((self.id,) if self.id in OUTPUT_SCHEMA.names else ())
+
+
+def error_row(prompt_id: str, chain: int, seed: int, config_json: str, error: str) -> dict:
+    """The row of a (prompt, chain) whose prompt cannot be sampled: its keys and the reason."""
+    row = {column.name: None for column in COLUMNS}
+    row.update(prompt_id=prompt_id, chain=chain, seed=seed, config=config_json)
+    row[ERROR_COLUMN] = error
+    return row
