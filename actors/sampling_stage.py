@@ -42,8 +42,8 @@ class BadPromptRow(ValueError):
 
 
 class PowerSamplingStage:
-    def __init__(self, coordinator, config_json: str, columns: ColumnNames, fail_fast: bool) -> None:
-        self.coordinator = coordinator
+    def __init__(self, coordinators, config_json: str, columns: ColumnNames, fail_fast: bool) -> None:
+        self.coordinators = coordinators  # CoordinatorShards: a prompt's chains go to its shard
         self.config = JobConfig.model_validate_json(config_json)
         self.columns, self.fail_fast = columns, fail_fast
         self.tokenizer = build_tokenizer(self.config.engine)
@@ -107,9 +107,10 @@ class PowerSamplingStage:
         seed = prompt_seed(self.config.sampler.seed, item.id, chain)
         config = self.config.sampler.model_copy(update={"seed": seed})
         chain_id = (item.id, chain)
+        coordinator = self.coordinators.for_prompt(prompt)
         for attempt in range(1, MAX_CHAIN_ATTEMPTS + 1):
             try:
-                result = await drive_chain(self.coordinator, chain_id, Chain(prompt, config, self.tokenizer.eos_token_id))
+                result = await drive_chain(coordinator, chain_id, Chain(prompt, config, self.tokenizer.eos_token_id))
                 break
             except (RayActorError, StreamLost) as e:
                 # the coordinator died (Ray restarts it): replay the chain from its keys
@@ -118,16 +119,16 @@ class PowerSamplingStage:
                         f"chain {item.id}#{chain} failed {MAX_CHAIN_ATTEMPTS} times as the coordinator died; "
                         "finished samples are written, rerun to resume"
                     ) from e
-                await self._wait_for_coordinator()
+                await self._wait_for_coordinator(coordinator)
         fingerprint = input_fingerprint(self.engine_key, config, item, prompt, chain)
         row = sample_row(item.id, chain, seed, result, self.tokenizer, self.sampler_json, fingerprint)
         return {**row, ERROR_COLUMN: None}
 
-    async def _wait_for_coordinator(self) -> None:
+    async def _wait_for_coordinator(self, coordinator) -> None:
         deadline = time.monotonic() + COORDINATOR_RESTART_TIMEOUT_S
         while True:
             try:
-                await asyncio.wait_for(self.coordinator.snapshot.remote(), timeout=10)
+                await asyncio.wait_for(coordinator.snapshot.remote(), timeout=10)
                 return
             except (RayActorError, GetTimeoutError, asyncio.TimeoutError) as e:
                 if time.monotonic() > deadline:

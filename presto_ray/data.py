@@ -71,7 +71,7 @@ class PowerSamplingProcessor:
             compute=ActorPoolStrategy(**size, max_concurrent_calls_per_actor=c.batches_per_actor),
             num_cpus=c.job.ray.chain_actor_num_cpus,
             fn_constructor_kwargs=dict(
-                coordinator=self.cluster.coordinator,
+                coordinators=self.cluster.coordinators,
                 config_json=c.job.model_dump_json(),
                 columns=c.columns,
                 fail_fast=c.fail_fast,

@@ -33,10 +33,12 @@ def write_jsonl(path: Path, rows) -> Path:
 
 
 @pytest.mark.parametrize(
-    "schedule, concurrency", [("rounds", (1, 2)), ("streaming", 2)], ids=["rounds-autoscaling", "streaming-2-actors"]
+    "schedule, concurrency, ray_settings",
+    [("rounds", (1, 2), {}), ("streaming", 2, {"num_replicas": 2, "coordinator_shards": 2})],
+    ids=["rounds-autoscaling", "streaming-2-actors-2-shards"],
 )
-def test_processor_writes_the_in_process_samples(ray_address, tmp_path, schedule, concurrency):
-    items, config = toy_job(prompts=6, chains=2)
+def test_processor_writes_the_in_process_samples(ray_address, tmp_path, schedule, concurrency, ray_settings):
+    items, config = toy_job(prompts=6, chains=2, **ray_settings)
     config = config.model_copy(update={"sampler": config.sampler.model_copy(update={"schedule": schedule})})
     rows = [{"id": item.id, "prompt": item.prompt, "topic": f"t{n}"} for n, item in enumerate(items)]
     with build_power_sampling_processor(config, concurrency=concurrency, batch_size=2) as processor:
@@ -51,6 +53,7 @@ def test_processor_writes_the_in_process_samples(ray_address, tmp_path, schedule
         assert stats.accounting.calls < 0.5 * sum(r["model_calls"] for r in written)
     else:
         assert stats.counters.streamed_requests > 0
+    assert stats.shards == ray_settings.get("coordinator_shards", 1)
 
 
 def test_bad_rows_get_their_error_and_the_job_goes_on(ray_address, tmp_path):
