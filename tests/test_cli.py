@@ -91,7 +91,9 @@ def test_parquet_prompts_and_chat_messages(tmp_path):
 
     prompts = tmp_path / "p.parquet"
     pq.write_table(pa.Table.from_pylist([{"id": "x", "prompt": "hello", "messages": None}]), prompts)
-    proc = run_cli("sample", "--prompts", str(prompts), "--out", str(tmp_path / "o.parquet"), "--chains", "1", "--quiet")
+    # the toy engine: this is about reading Parquet prompts (test_main_job_on_the_real_model runs vLLM)
+    toy = str(ROOT / "configs/toy.yaml")
+    proc = run_cli("sample", "--config", toy, "--prompts", str(prompts), "--out", str(tmp_path / "o.parquet"), "--chains", "1", "--quiet")
     assert proc.returncode == 0, proc.stderr
     assert pq.read_table(tmp_path / "o.parquet").num_rows == 1
 

@@ -106,10 +106,9 @@ VARIANTS = {
 MTM_CHAINS = 4000
 
 
-# streaming on the two cheaper cases (MultiTryMH on eos-2blocks takes minutes per schedule)
-VARIANT_RUNS = [(name, "rounds") for name in ("eos-1block", "eos-2blocks", "fixed-1block")] + [
-    (name, "streaming") for name in ("eos-1block", "fixed-1block")
-]
+# streaming on the cheapest case (MultiTryMH on eos-2blocks takes minutes per schedule; the
+# identity tests show streaming draws the rounds' samples seed for seed on every case)
+VARIANT_RUNS = [(name, "rounds") for name in ("eos-1block", "eos-2blocks", "fixed-1block")] + [("eos-1block", "streaming")]
 
 
 @pytest.mark.slow
