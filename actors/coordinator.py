@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 
 import ray
@@ -34,6 +34,8 @@ from actors.stream_protocol import ChainActions, ChainUpdate
 from actors.stream_router import StreamRouter
 from presto_ray.engines.base import CallAccounting, Completion, ProposalRequest
 
+# Finished chain ids remembered to ignore their late submits (see Coordinator.finished).
+FINISHED_CHAINS_KEPT = 65_536
 # How long a dead replica may take to come back (a vLLM replica restarts in ~30-60 s on CPUs).
 REPLICA_RESTART_TIMEOUT_S = 300.0
 
@@ -78,6 +80,10 @@ class Coordinator:
         self.calls_per_replica = [0] * n
         self.pending: dict[ProposalRequest, asyncio.Future] = {}
         self.active_chains: set = set()
+        # chains that finished: an async actor may run one caller's calls out of order, so a
+        # submit that lands after its chain_finished (a cancelled request) must not register the
+        # chain again, or "every chain has planned" would never hold (bounded: the oldest go)
+        self.finished: OrderedDict = OrderedDict()
         self.waiting: dict[object, int] = {}
         self.stats = CoordinatorCounters()
         self.accounting = CallAccounting()  # every call's cost, as the replicas measured it
@@ -100,7 +106,8 @@ class Coordinator:
     async def submit(self, chain_id, requests: list[ProposalRequest]) -> list[Completion]:
         """Completions for `requests`, in order."""
         self._start()
-        self.active_chains.add(chain_id)
+        if chain_id not in self.finished:
+            self.active_chains.add(chain_id)
         loop = asyncio.get_running_loop()
         futures = []
         for request in requests:
@@ -125,6 +132,7 @@ class Coordinator:
 
     async def stream_open(self, chain_id, prefetch_budget: int) -> int:
         """A streaming chain starts (or starts again): its first budget of running requests."""
+        self.finished.pop(chain_id, None)
         self.active_chains.add(chain_id)
         self.metrics.chains_active.set(len(self.active_chains))
         return await self.streams.open(chain_id, prefetch_budget)
@@ -136,12 +144,17 @@ class Coordinator:
 
     def register_chains(self, chain_ids: list) -> None:
         """Chains about to start: the first dispatch waits (up to the window) for their plans too."""
+        for chain_id in chain_ids:
+            self.finished.pop(chain_id, None)  # a replayed chain starts again
         self.active_chains.update(chain_ids)
         self.metrics.chains_active.set(len(self.active_chains))
 
     def chain_finished(self, chain_id) -> None:
         self.streams.close(chain_id)  # a streaming chain's leftover requests are aborted
         self.active_chains.discard(chain_id)
+        self.finished[chain_id] = None
+        if len(self.finished) > FINISHED_CHAINS_KEPT:
+            self.finished.popitem(last=False)
         self.stats.chains_finished += 1
         self.metrics.chains_active.set(len(self.active_chains))
         if self._wake is not None:
