@@ -27,21 +27,11 @@ from actors.chain_actor import ChainWork, start_chain_actors
 from actors.cluster import SamplingCluster
 from actors.stream_protocol import StreamLost
 from actors.coordinator_stats import CoordinatorSnapshot
+from actors.sampling_stage import COORDINATOR_RESTART_TIMEOUT_S, MAX_CHAIN_ATTEMPTS, JobFailed  # one definition for both jobs
 from presto_ray.engines import build_tokenizer
 from presto_ray.job import JobConfig, JobSummary, encode_prompt, engine_identity, input_fingerprint, prompt_seed
 from presto_ray.output import OutputLock, ShardedParquet, sample_row
 from presto_ray.prompts import PromptItem
-
-# A chain replayed this many times is failing for a reason a restart does not fix.
-MAX_CHAIN_ATTEMPTS = 5
-# How long a dead coordinator may take to come back before the job gives up.
-COORDINATOR_RESTART_TIMEOUT_S = 120.0
-
-
-class JobFailed(RuntimeError):
-    """The job cannot go on (its coordinator is gone for good, a chain keeps failing); the message
-    is one line for the user, the cause stays chained for whoever debugs it."""
-
 
 class RayJob:
     """One batch job. `start()` creates the actors; `run()` samples; `shutdown()` frees them.
