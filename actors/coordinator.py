@@ -85,6 +85,9 @@ class Coordinator:
         # chain again, or "every chain has planned" would never hold (bounded: the oldest go)
         self.finished: OrderedDict = OrderedDict()
         self.waiting: dict[object, int] = {}
+        # when each active chain last called: one silent past chain_idle_timeout_s stops holding
+        # rounds back (its driver vanished without a word); its next call makes it active again
+        self.last_call: dict[object, float] = {}
         self.stats = CoordinatorCounters()
         self.accounting = CallAccounting()  # every call's cost, as the replicas measured it
         self.metrics = CoordinatorMetrics()
@@ -107,7 +110,7 @@ class Coordinator:
         """Completions for `requests`, in order."""
         self._start()
         if chain_id not in self.finished:
-            self.active_chains.add(chain_id)
+            self._activate(chain_id)
         loop = asyncio.get_running_loop()
         futures = []
         for request in requests:
@@ -125,33 +128,43 @@ class Coordinator:
         try:
             # shield: one chain giving up must not cancel a result other chains share
             return list(await asyncio.gather(*(asyncio.shield(f) for f in futures)))
+        except asyncio.CancelledError:
+            self._caller_cancelled(chain_id)
+            raise
         finally:
             self.waiting[chain_id] -= 1
             if not self.waiting[chain_id]:
                 del self.waiting[chain_id]
+            if chain_id in self.active_chains:
+                self.last_call[chain_id] = time.monotonic()
 
     async def stream_open(self, chain_id, prefetch_budget: int) -> int:
         """A streaming chain starts (or starts again): its first budget of running requests."""
         self.finished.pop(chain_id, None)
-        self.active_chains.add(chain_id)
-        self.metrics.chains_active.set(len(self.active_chains))
+        self._activate(chain_id)
         return await self.streams.open(chain_id, prefetch_budget)
 
     async def stream_exchange(self, chain_id, actions: ChainActions) -> ChainUpdate:
         """Abort, start and wake as the chain asks; answer with its next events as they land."""
         self._last_activity = time.monotonic()
-        return await self.streams.exchange(chain_id, actions)
+        try:
+            return await self.streams.exchange(chain_id, actions)
+        except asyncio.CancelledError:
+            self._caller_cancelled(chain_id)
+            raise
 
     def register_chains(self, chain_ids: list) -> None:
         """Chains about to start: the first dispatch waits (up to the window) for their plans too."""
         for chain_id in chain_ids:
             self.finished.pop(chain_id, None)  # a replayed chain starts again
-        self.active_chains.update(chain_ids)
-        self.metrics.chains_active.set(len(self.active_chains))
+            self._activate(chain_id)
 
     def chain_finished(self, chain_id) -> None:
+        if chain_id in self.finished:
+            return  # said twice: by its cancelled caller's call and by its driver
         self.streams.close(chain_id)  # a streaming chain's leftover requests are aborted
         self.active_chains.discard(chain_id)
+        self.last_call.pop(chain_id, None)
         self.finished[chain_id] = None
         if len(self.finished) > FINISHED_CHAINS_KEPT:
             self.finished.popitem(last=False)
@@ -160,9 +173,36 @@ class Coordinator:
         if self._wake is not None:
             self._wake.set()  # the remaining chains may now all be waiting
 
+    def _activate(self, chain_id) -> None:
+        self.active_chains.add(chain_id)
+        self.last_call[chain_id] = time.monotonic()
+        self.metrics.chains_active.set(len(self.active_chains))
+
+    def _caller_cancelled(self, chain_id) -> None:
+        """The chain's driver was cancelled mid-call (Ray cancels a cancelled Serve request's
+        calls, and may cancel its `chain_finished` too): the chain is over."""
+        self.stats.chains_abandoned += 1
+        self.chain_finished(chain_id)
+
+    def _expire_silent_chains(self, now: float) -> None:
+        """Chains that have not called for `chain_idle_timeout_s`, with no call in flight and no
+        open stream, stop counting as active (a driver lost without a word)."""
+        limit = now - self.settings.chain_idle_timeout_s
+        silent = [
+            c for c in self.active_chains
+            if self.last_call.get(c, now) < limit and c not in self.waiting and c not in self.streams.mailboxes
+        ]
+        for chain_id in silent:
+            self.active_chains.discard(chain_id)
+            self.last_call.pop(chain_id, None)
+            self.stats.chains_expired += 1
+        if silent:
+            self.metrics.chains_active.set(len(self.active_chains))
+
     def snapshot(self) -> CoordinatorSnapshot:
         """Counters, call costs and per-replica state (copies: the caller may keep them), the
         per-replica lists indexed by the cluster's replica index."""
+        self._expire_silent_chains(time.monotonic())
         return CoordinatorSnapshot(
             counters=CoordinatorCounters(**vars(self.stats)),
             accounting=CallAccounting(**vars(self.accounting)),
@@ -232,6 +272,7 @@ class Coordinator:
 
     def _dispatch_ready(self, now: float) -> None:
         policy = self.policy
+        self._expire_silent_chains(now)
         released = policy.round_released(now, self._last_activity, self._all_planned())
         for i, queue in enumerate(self.queues):
             while self._can_call(i) and queue and policy.should_dispatch(now, len(queue), queue[0].enqueued, released):

@@ -14,6 +14,8 @@ class CoordinatorCounters:
     submitted_requests: int = 0  # requests chains asked for
     deduplicated: int = 0  # asked-for requests served by another chain's identical request
     chains_finished: int = 0
+    chains_abandoned: int = 0  # of those, chains whose driver was cancelled mid-call (a client left)
+    chains_expired: int = 0  # chains silent past chain_idle_timeout_s, no longer waited for
     replica_failures: int = 0  # calls lost to a dead replica (their requests were re-sent)
     resent_requests: int = 0
     max_queue_depth: int = 0

@@ -42,6 +42,12 @@ class RaySettings(BaseModel):
     max_batch_wait_s: float = Field(
         0.5, ge=0.0, le=60.0, description="Never hold a queued request longer than this (bounds added latency)."
     )
+    chain_idle_timeout_s: float = Field(
+        30.0,
+        gt=0.0,
+        description="A chain that has not called the coordinator for this long (no call in flight, no open "
+        "stream) stops holding rounds back, as if its driver had gone; its next call makes it active again.",
+    )
     max_requests_per_call: int = Field(1024, ge=1, description="Most requests merged into one engine call.")
     max_inflight_calls: int = Field(
         1, ge=1, le=64, description="Calls in flight per replica; while they run, new requests queue and merge."
