@@ -33,8 +33,11 @@ class Enumerator:
         return self._cache[key]
 
     def _logq(self, generated):
-        z = self._logp0(generated) / self.tau
-        return z - np.logaddexp.reduce(z)
+        key = ("q", generated)
+        if key not in self._cache:
+            z = self._logp0(generated) / self.tau
+            self._cache[key] = z - np.logaddexp.reduce(z)
+        return self._cache[key]
 
     def seq_logp0(self, tokens, start):
         return sum(self._logp0(tokens[:i])[tokens[i]] for i in range(start, len(tokens)))
@@ -117,16 +120,19 @@ class Enumerator:
         out = defaultdict(float)
         options = self.completions(x[:c], horizon)
         w_x = math.exp(self.log_weight(x, c))
+        # each option's sequence, weight and cut term once: the tuples of tries only recombine them
+        ys = [x[:c] + s for s, _ in options]
+        weights = [math.exp(self.log_weight(y, c)) for y in ys]
+        cut_terms = [self._cut_term(x, y, c, length_correction) for y in ys]
         for combo in itertools.product(range(len(options)), repeat=self.num_tries):
-            tries = [x[:c] + options[i][0] for i in combo]
             p_tries = math.prod(options[i][1] for i in combo)
-            w = [math.exp(self.log_weight(y, c)) for y in tries]
+            w = [weights[i] for i in combo]
             total = sum(w)
-            for j, y in enumerate(tries):
+            for j, i in enumerate(combo):
                 pick = w[j] / total
                 ratio = (w[j] / w_x) if self.naive_mtm else total / (total - w[j] + w_x)
-                a = min(1.0, ratio * self._cut_term(x, y, c, length_correction))
-                out[y] += p_tries * pick * a
+                a = min(1.0, ratio * cut_terms[i])
+                out[ys[i]] += p_tries * pick * a
                 out[x] += p_tries * pick * (1.0 - a)
         return out
 
