@@ -15,6 +15,7 @@ from actors.coordinator import start_coordinator
 from actors.coordinator_shards import CoordinatorShards, shard_replicas
 from actors.coordinator_stats import CoordinatorSnapshot
 from actors.engine_replica import EngineReplica
+from actors.replica_autoscaler import ReplicaAutoscaler
 from presto_ray.engines import EngineSpec
 from presto_ray.ray_config import RaySettings
 
@@ -40,6 +41,9 @@ class SamplingCluster:
         self._owns_replicas = not self.replicas
         self.coordinators: CoordinatorShards | None = None
         self._placement_group = None
+        self.autoscaler: ReplicaAutoscaler | None = None
+        self.draining: set[int] = set()  # retired by the autoscaler, still finishing their work
+        self.stopped: set[int] = set()  # retired and stopped (their slots stay: indices never move)
 
     @property
     def gpus_per_replica(self) -> float:
@@ -58,7 +62,73 @@ class SamplingCluster:
             ],
             self.settings.affinity_tokens,
         )
+        if self.settings.replica_autoscaling is not None and self._owns_replicas:
+            self.autoscaler = ReplicaAutoscaler(self, self.settings.replica_autoscaling).start()
         return self
+
+    # --- the pool grows and shrinks (driven by actors/replica_autoscaler.py) ----------------------
+    @property
+    def active_replicas(self) -> list[int]:
+        """Indices of the replicas taking new work."""
+        return [i for i in range(len(self.replicas)) if i not in self.draining and i not in self.stopped]
+
+    def _shard_of(self, i: int):
+        # shard_replicas' partition (replica i to shard i mod shards), which holds as replicas are
+        # added because there are never fewer replicas than shards when autoscaling
+        return self.coordinators.handles[i % len(self.coordinators)]
+
+    def add_replica(self) -> int:
+        """Start one more engine replica and hand it to its coordinator shard; its index."""
+        i = len(self.replicas)
+        replica = ray.remote(EngineReplica).options(**self._replica_options()).remote(self.engine_spec, i)
+        ray.get(replica.ready.remote())
+        self.replicas.append(replica)
+        ray.get(self._shard_of(i).add_replica.remote(replica, i))
+        return i
+
+    def retire_replica(self) -> int:
+        """Stop giving the newest active replica work; `stop_drained` stops it once its work ended."""
+        i = self.active_replicas[-1]
+        ray.get(self._shard_of(i).retire_replica.remote(i))
+        self.draining.add(i)
+        return i
+
+    def stop_drained(self) -> list[int]:
+        """Stop the retiring replicas whose calls and streams have all ended; their indices."""
+        stopped = []
+        for i in sorted(self.draining):
+            shard = self._shard_of(i)
+            if not ray.get(shard.replica_drained.remote(i)):
+                continue
+            ray.get(shard.forget_replica.remote(i))
+            self._stop_replica(self.replicas[i])
+            self.draining.discard(i)
+            self.stopped.add(i)
+            stopped.append(i)
+        return stopped
+
+    def resync_shards(self) -> int:
+        """Hand a coordinator that Ray restarted (it comes back with the replicas it was started
+        with) the replicas added since, and retire again those retiring; how many it was missing."""
+        missing = 0
+        for s, shard in enumerate(self.coordinators.handles):
+            known = set(ray.get(shard.replica_indices.remote()))
+            for i in range(s, len(self.replicas), len(self.coordinators)):
+                if i in known or i in self.stopped:
+                    continue
+                ray.get(shard.add_replica.remote(self.replicas[i], i))
+                if i in self.draining:
+                    ray.get(shard.retire_replica.remote(i))
+                missing += 1
+        return missing
+
+    @staticmethod
+    def _stop_replica(replica) -> None:
+        try:
+            ray.get(replica.shutdown.remote(), timeout=60)
+        except Exception:  # already dead: nothing to free
+            pass
+        ray.kill(replica, no_restart=True)
 
     @property
     def coordinator(self):
@@ -69,7 +139,10 @@ class SamplingCluster:
         return self.coordinators.snapshot_blocking()
 
     def shutdown(self) -> None:
-        owned = self.replicas if self._owns_replicas else []
+        if self.autoscaler is not None:
+            self.autoscaler.stop()
+            self.autoscaler = None
+        owned = [r for i, r in enumerate(self.replicas) if i not in self.stopped] if self._owns_replicas else []
         for replica in owned:
             try:
                 ray.get(replica.shutdown.remote(), timeout=60)
@@ -88,23 +161,28 @@ class SamplingCluster:
     def __exit__(self, *exc) -> None:
         self.shutdown()
 
-    def _start_replicas(self) -> list:
-        """`num_replicas` replica actors, in one placement group when a strategy is configured."""
+    def _replica_options(self) -> dict:
         s = self.settings
-        cpus, gpus = s.replica_num_cpus, self.gpus_per_replica
-        options = dict(
-            num_cpus=cpus,
-            num_gpus=gpus,
+        return dict(
+            num_cpus=s.replica_num_cpus,
+            num_gpus=self.gpus_per_replica,
             max_restarts=s.replica_max_restarts,
             max_concurrency=max(8, 2 * s.max_inflight_calls),
         )
+
+    def _start_replicas(self) -> list:
+        """The first replica actors (`num_replicas`, or the autoscaler's `min_replicas`), in one
+        placement group when a strategy is configured."""
+        s = self.settings
+        cpus, gpus = s.replica_num_cpus, self.gpus_per_replica
+        options = self._replica_options()
         if s.placement_strategy:
             bundle = {k: v for k, v in {"CPU": cpus, "GPU": gpus}.items() if v > 0} or {"CPU": 0.001}
             self._placement_group = ray.util.placement_group([bundle] * s.num_replicas, strategy=s.placement_strategy)
             ray.get(self._placement_group.ready())
         remote = ray.remote(EngineReplica)
         replicas = []
-        for i in range(s.num_replicas):
+        for i in range(s.initial_replicas):
             opts = dict(options)
             if self._placement_group is not None:
                 opts["scheduling_strategy"] = PlacementGroupSchedulingStrategy(

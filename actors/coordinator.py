@@ -9,7 +9,9 @@ Chains `submit` the requests of their next round and await the completions. The 
   - batches: when a replica's queue goes as one call is the BatchingPolicy's rule
     (actors/batching.py); this actor only feeds it the clock, the queues and who has planned;
   - survives replicas: when a call fails because its replica died, the call's requests go to
-    another healthy replica (or wait for the restarted one); a probe puts the replica back.
+    another healthy replica (or wait for the restarted one); a probe puts the replica back;
+  - follows the pool: replicas an autoscaler adds take work at once; one it retires takes no new
+    work and is reported drained when its calls and streams have ended (actors/replica_autoscaler.py).
 Chains that stream (`SamplerConfig.schedule = "streaming"`) go through `stream_open` and
 `stream_exchange` instead: actors/stream_router.py forwards each request as it arrives and returns
 each event as it lands, with no call and no barrier.
@@ -74,6 +76,8 @@ class Coordinator:
         self.policy = BatchingPolicy.from_settings(settings)
         n = len(self.replicas)
         self.healthy = [True] * n
+        self.retiring: set[int] = set()  # no new work; its running work ends where it is
+        self.retired: set[int] = set()  # gone for good (killed by the pool): never routed to, never probed
         self.queues: list[deque[_Queued]] = [deque() for _ in range(n)]
         self.inflight_calls = [0] * n
         self.inflight_requests = [0] * n
@@ -98,6 +102,7 @@ class Coordinator:
             self.replicas,
             self.healthy,
             self._ranking,
+            retiring=self.retiring,
             affinity_slack=settings.affinity_slack,
             max_attempts=settings.max_call_attempts,
             counters=self.stats,
@@ -199,6 +204,49 @@ class Coordinator:
         if silent:
             self.metrics.chains_active.set(len(self.active_chains))
 
+    # --- the pool grows and shrinks (actors/replica_autoscaler.py) ---------------------------
+    async def add_replica(self, replica, cluster_index: int) -> None:
+        """A new engine replica: it takes its share of prompts (rendezvous moves only those) at once."""
+        self.replicas.append(replica)
+        self.healthy.append(True)
+        self.queues.append(deque())
+        self.inflight_calls.append(0)
+        self.inflight_requests.append(0)
+        self.calls_per_replica.append(0)
+        self.replica_ids.append(cluster_index)
+        self.num_cluster_replicas = max(self.num_cluster_replicas, cluster_index + 1)
+        await self.streams.replicas_changed()
+        if self._wake is not None:
+            self._wake.set()
+
+    async def retire_replica(self, cluster_index: int) -> None:
+        """Send replica `cluster_index` no new work; what it queued goes to the others."""
+        i = self.replica_ids.index(cluster_index)
+        self.retiring.add(i)
+        stranded = list(self.queues[i])
+        self.queues[i].clear()
+        for item in stranded:
+            self._enqueue(item, avoid=i)
+        await self.streams.replicas_changed()
+        if self._wake is not None:
+            self._wake.set()
+
+    def replica_indices(self) -> list[int]:
+        """The cluster indices of the replicas this coordinator drives (retiring and retired too)."""
+        return list(self.replica_ids)
+
+    def replica_drained(self, cluster_index: int) -> bool:
+        """A retiring replica has no call, queued request or stream left: the pool may stop it."""
+        i = self.replica_ids.index(cluster_index)
+        return i in self.retiring and not self.inflight_calls[i] and not self.queues[i] and not self.streams.live[i]
+
+    def forget_replica(self, cluster_index: int) -> None:
+        """A drained replica is about to be killed: never route to, poll or probe it again."""
+        i = self.replica_ids.index(cluster_index)
+        self.retired.add(i)
+        self.healthy[i] = False
+        self.streams.stop_polling(i)
+
     def snapshot(self) -> CoordinatorSnapshot:
         """Counters, call costs and per-replica state (copies: the caller may keep them), the
         per-replica lists indexed by the cluster's replica index."""
@@ -208,6 +256,8 @@ class Coordinator:
             accounting=CallAccounting(**vars(self.accounting)),
             calls_per_replica=self._by_cluster_index(self.calls_per_replica, 0),
             inflight_calls_per_replica=self._by_cluster_index(self.inflight_calls, 0),
+            inflight_requests_per_replica=self._by_cluster_index(self.inflight_requests, 0),
+            active_replicas=len(self.replicas) - len(self.retiring),
             healthy=self._by_cluster_index(self.healthy, True),
             queue_depth=sum(len(q) for q in self.queues),
             chains_active=len(self.active_chains),
@@ -224,16 +274,20 @@ class Coordinator:
     def _ranking(self, request: ProposalRequest) -> list[int]:
         """Replicas by rendezvous weight for the prompt's first tokens, computed once per request:
         adding or losing a replica moves only the prompts it held."""
-        return rendezvous_order(prefix_key(request.prompt_token_ids, self.settings.affinity_tokens), len(self.replicas))
+        order = rendezvous_order(prefix_key(request.prompt_token_ids, self.settings.affinity_tokens), len(self.replicas))
+        return [i for i in order if i not in self.retired] if self.retired else order
+
+    def _available(self, i: int) -> bool:
+        return self.healthy[i] and i not in self.retiring
 
     def _load(self, i: int) -> int:
         return len(self.queues[i]) + self.inflight_requests[i]
 
     def _enqueue(self, item: _Queued, avoid: int | None = None) -> None:
         ranking = self._ranking(item.request)
-        candidates = [i for i in ranking if self.healthy[i] and i != avoid] or [
-            i for i in ranking if self.healthy[i]
-        ] or ranking
+        candidates = [i for i in ranking if self._available(i) and i != avoid] or [
+            i for i in ranking if self._available(i)
+        ] or [i for i in ranking if self.healthy[i]] or ranking
         target, idlest = candidates[0], min(candidates, key=self._load)
         if self._load(target) > self._load(idlest) + self.settings.affinity_slack:
             target = idlest
@@ -334,6 +388,8 @@ class Coordinator:
     # --- replica failures ----------------------------------------------------------------
     def _mark_lost(self, i: int) -> None:
         """A call or stream on replica i failed because it died: stop using it until a probe answers."""
+        if i in self.retired:
+            return  # the pool killed it on purpose, after it drained
         self.stats.replica_failures += 1
         self.metrics.replica_failures.inc()
         if self.healthy[i]:

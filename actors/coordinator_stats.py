@@ -43,10 +43,12 @@ class CoordinatorSnapshot:
     accounting: CallAccounting  # every call's cost, as the replicas measured it (retries included)
     calls_per_replica: list[int] = field(default_factory=list)
     inflight_calls_per_replica: list[int] = field(default_factory=list)
+    inflight_requests_per_replica: list[int] = field(default_factory=list)
     healthy: list[bool] = field(default_factory=list)
     queue_depth: int = 0
     chains_active: int = 0
     streams_running: int = 0  # streaming schedule: requests sent to replicas and neither ended nor aborted
+    active_replicas: int = 0  # replicas taking new work (not retiring); summed over shards
     shards: int = 1
 
     @classmethod
@@ -64,12 +66,19 @@ class CoordinatorSnapshot:
             accounting=accounting,
             calls_per_replica=[sum(p.calls_per_replica[i] for p in parts) for i in range(n)],
             inflight_calls_per_replica=[sum(p.inflight_calls_per_replica[i] for p in parts) for i in range(n)],
+            inflight_requests_per_replica=[sum(p.inflight_requests_per_replica[i] for p in parts) for i in range(n)],
             healthy=[all(p.healthy[i] for p in parts) for i in range(n)],
             queue_depth=sum(p.queue_depth for p in parts),
             chains_active=sum(p.chains_active for p in parts),
             shards=sum(p.shards for p in parts),
             streams_running=sum(p.streams_running for p in parts),
+            active_replicas=sum(p.active_replicas for p in parts),
         )
+
+    @property
+    def ongoing_requests(self) -> int:
+        """Proposal requests the engines owe: queued, in a call, or streaming (the autoscaler's load)."""
+        return self.queue_depth + sum(self.inflight_requests_per_replica) + self.streams_running
 
     @property
     def requests_per_call(self) -> float:

@@ -78,8 +78,10 @@ class StreamRouter:
         counters: CoordinatorCounters,
         accounting: CallAccounting,
         on_replica_lost: Callable[[int], None],
+        retiring: set[int] | None = None,
     ) -> None:
         self.replicas, self.healthy, self._ranking = replicas, healthy, ranking
+        self.retiring = retiring if retiring is not None else set()  # the coordinator's: no new streams
         self.affinity_slack, self.max_attempts = affinity_slack, max_attempts
         self.counters, self.accounting, self._on_replica_lost = counters, accounting, on_replica_lost
         self.epoch = uuid.uuid4().hex[:12]
@@ -167,9 +169,9 @@ class StreamRouter:
 
     def _place(self, stream: _Stream, avoid: int | None = None) -> None:
         ranking = self._ranking(stream.request)
-        candidates = [i for i in ranking if self.healthy[i] and i != avoid] or [
-            i for i in ranking if self.healthy[i]
-        ] or ranking
+        candidates = [i for i in ranking if self._available(i) and i != avoid] or [
+            i for i in ranking if self._available(i)
+        ] or [i for i in ranking if self.healthy[i]] or ranking
         target, idlest = candidates[0], min(candidates, key=self.live.__getitem__)
         if self.live[target] > self.live[idlest] + self.affinity_slack:
             target = idlest
@@ -278,8 +280,24 @@ class StreamRouter:
         for stream in [s for s in self.streams.values() if not s.sent]:
             self._deliver(stream, ReplicaEvent(stream.stream_id, 0, error=message))
 
+    def _available(self, i: int) -> bool:
+        return self.healthy[i] and i not in self.retiring
+
+    async def replicas_changed(self) -> None:
+        """A replica joined or is retiring: the live counts follow, and the free batch the streaming
+        budgets share is measured again once a stream has opened."""
+        self.live.extend([0] * (len(self.replicas) - len(self.live)))
+        if self.free_batch is not None:
+            self.free_batch = await self._measure_free_batch()
+
+    def stop_polling(self, i: int) -> None:
+        poller = self._pollers.pop(i, None)
+        if poller is not None:
+            poller.cancel()
+
     async def _measure_free_batch(self) -> float:
-        answers = await asyncio.gather(*(r.free_batch.remote() for r in self.replicas), return_exceptions=True)
+        taking = [r for i, r in enumerate(self.replicas) if self._available(i)]
+        answers = await asyncio.gather(*(r.free_batch.remote() for r in taking), return_exceptions=True)
         return float(sum(a for a in answers if not isinstance(a, BaseException)))
 
     @staticmethod

@@ -4,7 +4,33 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from presto_ray.config import ConfigFieldError
+
+
+class ReplicaAutoscaling(BaseModel):
+    """Autoscaling of the engine replicas, with Serve's knobs (actors/replica_autoscaler.py)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    min_replicas: int = Field(1, ge=1, le=1024, description="Fewest engine replicas (the pool starts with these).")
+    max_replicas: int = Field(2, ge=1, le=1024, description="Most engine replicas.")
+    target_ongoing_requests: float = Field(
+        256.0, gt=0,
+        description="Proposal requests per replica (queued, in a call or streaming) the pool scales towards.",
+    )
+    upscale_delay_s: float = Field(5.0, ge=0.0, description="Load must ask for more replicas this long before one starts.")
+    downscale_delay_s: float = Field(
+        60.0, ge=0.0, description="Load must ask for fewer replicas this long before one is retired."
+    )
+    interval_s: float = Field(1.0, gt=0.0, le=60.0, description="How often the load is read.")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> "ReplicaAutoscaling":
+        if self.max_replicas < self.min_replicas:
+            raise ConfigFieldError("max_replicas", f"max_replicas ({self.max_replicas}) is below min_replicas ({self.min_replicas})")
+        return self
 
 
 class RaySettings(BaseModel):
@@ -12,7 +38,14 @@ class RaySettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    num_replicas: int = Field(1, ge=1, le=1024, description="Engine replicas (actors holding an engine).")
+    num_replicas: int = Field(
+        1, ge=1, le=1024, description="Engine replicas (actors holding an engine); ignored when replica_autoscaling is set."
+    )
+    replica_autoscaling: ReplicaAutoscaling | None = Field(
+        None,
+        description="Start and retire engine replicas with the load, between min_replicas and max_replicas "
+        "(None: always num_replicas).",
+    )
     replica_num_cpus: float = Field(0.0, ge=0.0, description="CPUs each replica reserves (0 on a laptop).")
     replica_num_gpus: float | None = Field(
         None, ge=0.0,
@@ -61,3 +94,25 @@ class RaySettings(BaseModel):
     max_call_attempts: int = Field(4, ge=1, le=100, description="Tries of one batch across replica failures.")
     shard_rows: int = Field(256, ge=1, description="Rows per Parquet shard (each shard is written atomically).")
     shard_interval_s: float = Field(30.0, gt=0.0, description="Write a partial shard at least this often.")
+
+    @model_validator(mode="after")
+    def _autoscaling_fits(self) -> "RaySettings":
+        scaling = self.replica_autoscaling
+        if scaling is None:
+            return self
+        if self.placement_strategy is not None:
+            raise ConfigFieldError(
+                "placement_strategy",
+                "replica_autoscaling cannot be combined with placement_strategy (a placement group has a fixed size)",
+            )
+        if scaling.min_replicas < self.coordinator_shards:
+            raise ConfigFieldError(
+                "replica_autoscaling.min_replicas",
+                f"replica_autoscaling.min_replicas ({scaling.min_replicas}) must be at least coordinator_shards "
+                f"({self.coordinator_shards}): every shard drives replicas of its own"
+            )
+        return self
+
+    @property
+    def initial_replicas(self) -> int:
+        return self.replica_autoscaling.min_replicas if self.replica_autoscaling else self.num_replicas

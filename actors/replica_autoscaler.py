@@ -1,0 +1,61 @@
+"""Runs the engine pool's autoscaling rule (actors/autoscaling_policy.py) against a SamplingCluster:
+reads the coordinators' load, starts replicas, retires some and stops them once drained.
+
+Engine replicas stay plain Ray actors rather than Serve replicas because the coordinator must address
+each one itself (prefix affinity, one merged call per replica, per-replica event streams, failover)
+and a Serve handle's router hides which replica answers; the knobs are Serve's all the same."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from actors.autoscaling_policy import ReplicaScalingPolicy
+from presto_ray.ray_config import ReplicaAutoscaling
+
+log = logging.getLogger(__name__)
+
+
+class ReplicaAutoscaler:
+    """`step(now)` is one pass (tests drive it with their own clock); `start()` runs a pass every
+    `interval_s` on a daemon thread until `stop()`."""
+
+    def __init__(self, cluster, scaling: ReplicaAutoscaling) -> None:
+        self.cluster, self.scaling = cluster, scaling
+        self.policy = ReplicaScalingPolicy(scaling)
+        self.started_replicas: list[int] = []
+        self.stopped_replicas: list[int] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def step(self, now: float) -> int:
+        """Stop what has drained, read the load, act on the rule; the active replica count after."""
+        self.cluster.resync_shards()
+        self.stopped_replicas += self.cluster.stop_drained()
+        current = len(self.cluster.active_replicas)
+        target = self.policy.decide(now, current, self.cluster.snapshot().ongoing_requests)
+        for _ in range(target - current):
+            self.started_replicas.append(self.cluster.add_replica())
+        for _ in range(current - target):
+            self.cluster.retire_replica()
+        if target != current:
+            log.info("engine replicas: %d -> %d", current, target)
+        return target
+
+    def start(self) -> "ReplicaAutoscaler":
+        self._thread = threading.Thread(target=self._run, name="presto-replica-autoscaler", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=120)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.scaling.interval_s):
+            try:
+                self.step(time.monotonic())
+            except Exception:  # a failed pass (a replica that would not start) is tried again next time
+                log.exception("engine autoscaling pass failed")

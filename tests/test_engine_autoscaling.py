@@ -1,0 +1,185 @@
+"""The engine pool grows and shrinks with the load (ray.replica_autoscaling): the rule on a fake
+clock, then on a real local Ray cluster with the toy engine, where replicas added and retired while
+chains run change no sample."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+
+from actors.autoscaling_policy import ReplicaScalingPolicy, desired_replicas
+from presto_ray import SamplerConfig, sample
+from presto_ray.config import ConfigFieldError
+from presto_ray.engines import ToyEngineSpec
+from presto_ray.ray_config import RaySettings, ReplicaAutoscaling
+
+SCALING = ReplicaAutoscaling(min_replicas=1, max_replicas=3, target_ongoing_requests=10, upscale_delay_s=2, downscale_delay_s=5)
+
+
+def test_desired_replicas_hold_the_target_within_bounds():
+    assert [desired_replicas(load, SCALING) for load in (0, 1, 10, 11, 25, 1000)] == [1, 1, 1, 2, 3, 3]
+
+
+def test_the_rule_waits_its_delays_and_restarts_them_when_the_load_turns():
+    policy = ReplicaScalingPolicy(SCALING)
+    assert policy.decide(0.0, 1, 25) == 1  # asks for 3, not yet
+    assert policy.decide(1.9, 1, 25) == 1
+    assert policy.decide(2.0, 1, 25) == 3  # asked for 2 s: scale up
+    assert policy.decide(2.1, 3, 0) == 3  # asks for 1: the downscale delay starts
+    assert policy.decide(4.0, 3, 25) == 3  # busy again: the request to shrink is forgotten
+    assert policy.decide(5.0, 3, 0) == 3
+    assert policy.decide(9.9, 3, 0) == 3  # 4.9 s since it turned
+    assert policy.decide(10.0, 3, 15) == 2  # asked for fewer for 5 s: go to what the load wants now
+    assert policy.decide(10.1, 2, 15) == 2
+
+
+def test_settings_refuse_what_autoscaling_cannot_do():
+    with pytest.raises(ValueError, match="max_replicas"):
+        ReplicaAutoscaling(min_replicas=3, max_replicas=2)
+    with pytest.raises(ValueError, match="coordinator_shards"):
+        RaySettings(replica_autoscaling=SCALING, coordinator_shards=2)
+    with pytest.raises(ValueError, match="placement_strategy"):
+        RaySettings(replica_autoscaling=SCALING, placement_strategy="PACK")
+    assert RaySettings(replica_autoscaling=SCALING, num_replicas=5).initial_replicas == 1
+    assert issubclass(ConfigFieldError, ValueError)
+
+
+# --- on a real local Ray cluster ------------------------------------------------------------------
+PROMPTS = [(3, 4, 5), (9, 8), (7, 7, 1), (2, 6)]
+
+
+def _configs(schedule, num_blocks=3):
+    return [
+        SamplerConfig(block_size=4, num_blocks=num_blocks, mh_steps=4, prefetch_budget=4, seed=seed, schedule=schedule)
+        for seed in range(2 * len(PROMPTS))
+    ]
+
+
+def _run_chains(cluster, configs, out: dict) -> None:
+    """Every config's chain through the cluster's coordinators (as the Ray drivers run them)."""
+    from actors.chain_actor import drive_chain
+    from presto_ray.chain import Chain
+
+    eos = cluster.engine_spec.eos_token_id
+
+    async def run():
+        chains = [Chain(PROMPTS[k % len(PROMPTS)], c, eos) for k, c in enumerate(configs)]
+        return await asyncio.gather(*(
+            drive_chain(cluster.coordinators.for_prompt(chain.prompt), (f"autoscale-{id(out)}", k), chain)
+            for k, chain in enumerate(chains)
+        ))  # fmt: skip
+
+    out["results"] = asyncio.run(run())
+
+
+def _in_process(spec, configs):
+    engine = spec.model_copy(update={"call_latency_s": 0.0, "token_latency_s": 0.0}).build()  # same model, no sleeps
+    return [sample(engine, PROMPTS[k % len(PROMPTS)], c).token_ids for k, c in enumerate(configs)]
+
+
+def _wait_for(predicate, timeout_s: float):
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def test_the_pool_grows_under_load_and_shrinks_when_idle(ray_address):
+    """min 1, max 2, 4 requests per replica: chains' rounds start a second replica, which takes
+    calls; once idle it is retired and stopped (not counted as a failure). Same samples."""
+    import ray
+
+    from actors.cluster import SamplingCluster
+
+    spec = ToyEngineSpec(call_latency_s=0.25)
+    scaling = ReplicaAutoscaling(
+        min_replicas=1, max_replicas=2, target_ongoing_requests=4, upscale_delay_s=0, downscale_delay_s=0.5, interval_s=0.1
+    )
+    configs = _configs("rounds", num_blocks=8)  # long enough to outlast a replica's start
+    cluster = SamplingCluster(spec, RaySettings(replica_autoscaling=scaling)).start()
+    try:
+        assert cluster.active_replicas == [0]
+        out: dict = {}
+        runner = threading.Thread(target=_run_chains, args=(cluster, configs, out))
+        runner.start()
+        assert _wait_for(lambda: cluster.active_replicas == [0, 1], 30), "no replica was added under load"
+        runner.join(timeout=120)
+        assert [r.token_ids for r in out["results"]] == _in_process(spec, configs)
+        snapshot = cluster.snapshot()
+        assert snapshot.calls_per_replica[1] > 0, snapshot.calls_per_replica
+        assert _wait_for(lambda: cluster.stopped == {1}, 30), "the idle replica was not stopped"
+        assert cluster.autoscaler.started_replicas == [1] and cluster.autoscaler.stopped_replicas == [1]
+        with pytest.raises(ray.exceptions.RayActorError):
+            ray.get(cluster.replicas[1].ready.remote(), timeout=30)
+        after = cluster.snapshot()
+        assert after.counters.replica_failures == 0 and after.active_replicas == 1
+    finally:
+        cluster.shutdown()
+
+
+@pytest.mark.parametrize("schedule", ["rounds", "streaming"])
+def test_a_replica_retired_mid_run_finishes_its_work_and_changes_no_sample(ray_address, schedule):
+    """The pool's moves by hand (the autoscaler's thread stopped): a replica added, then retired
+    while chains run on it; its running calls or streams end where they are, new work goes to the
+    other, and it is stopped only once drained."""
+    from actors.cluster import SamplingCluster
+
+    spec = ToyEngineSpec(call_latency_s=0.1, token_latency_s=0.01)
+    scaling = ReplicaAutoscaling(min_replicas=1, max_replicas=2)
+    configs = _configs(schedule)
+    cluster = SamplingCluster(spec, RaySettings(replica_autoscaling=scaling)).start()
+    try:
+        cluster.autoscaler.stop()
+        assert cluster.add_replica() == 1
+        out: dict = {}
+        runner = threading.Thread(target=_run_chains, args=(cluster, configs, out))
+        runner.start()
+        busy = lambda: cluster.snapshot().inflight_requests_per_replica[1] or cluster.snapshot().streams_running  # noqa: E731
+        assert _wait_for(busy, 30), "the added replica never got work"
+        at_retirement = cluster.snapshot()
+        assert cluster.retire_replica() == 1
+        assert cluster.active_replicas == [0]
+        runner.join(timeout=180)
+        assert not runner.is_alive()
+        assert [r.token_ids for r in out["results"]] == _in_process(spec, configs)
+        # no call started on it after its retirement (calls are counted when they end)
+        limit = at_retirement.calls_per_replica[1] + at_retirement.inflight_calls_per_replica[1]
+        assert cluster.snapshot().calls_per_replica[1] <= limit
+        assert _wait_for(lambda: cluster.stop_drained() == [1] or cluster.stopped == {1}, 30)
+        assert cluster.snapshot().counters.replica_failures == 0
+    finally:
+        cluster.shutdown()
+
+
+def test_a_restarted_coordinator_is_handed_the_replicas_added_since(ray_address):
+    import ray
+
+    from actors.cluster import SamplingCluster
+
+    cluster = SamplingCluster(ToyEngineSpec(), RaySettings(replica_autoscaling=ReplicaAutoscaling(max_replicas=2))).start()
+    try:
+        cluster.autoscaler.stop()
+        cluster.add_replica()
+        assert cluster.snapshot().active_replicas == 2
+        ray.kill(cluster.coordinator, no_restart=False)
+        # Ray restarts it with the replicas it was started with
+        assert _wait_for(lambda: _active_replicas(cluster) == 1, 60), "the coordinator did not come back"
+        assert cluster.autoscaler.step(time.monotonic()) == 2
+        assert cluster.snapshot().active_replicas == 2
+        results = {}
+        _run_chains(cluster, _configs("rounds", num_blocks=1), results)
+        assert len(results["results"]) == 2 * len(PROMPTS)
+    finally:
+        cluster.shutdown()
+
+
+def _active_replicas(cluster) -> int | None:
+    try:
+        return cluster.coordinators.snapshot_blocking(timeout=5).active_replicas
+    except Exception:  # still restarting
+        return None
