@@ -192,7 +192,7 @@ def run_load_bench(
     schedules = {
         # serial chains streamed: each waits for its own request only, not for the others'
         "serial": {"traversal": "serial", "schedule": "streaming"},
-        "rounds": {},
+        "rounds": {"schedule": "rounds"},  # explicit: streaming is the default schedule
         "streaming": {"schedule": "streaming"},
     }
     rows = []

@@ -35,6 +35,7 @@ from presto_ray.predictor import EdgePredictor
 from presto_ray.results import SampleResult, SampleStats
 from presto_ray.schedule import Event, Schedule
 from presto_ray.selection import reach_probabilities, select_breadth_first, select_max_expected
+from presto_ray.speculation import speculation_threshold
 from presto_ray.state import ChainState
 
 
@@ -147,14 +148,18 @@ class Chain:
             return self.predictor.accept_branch_probability(cut_fraction)
         return 0.5
 
-    def _select(self, tree: PlanTree, budget: int, issued: set[RequestKey]) -> list[RequestKey]:
+    def _select(
+        self, tree: PlanTree, budget: int, issued: set[RequestKey], min_gain: float | None = None
+    ) -> list[RequestKey]:
         """New keys to issue within `budget` requests; the root's always, when it is not issued
-        (every round, every walk must make progress)."""
+        (every round, every walk must make progress). `min_gain`: predictive only, the expected
+        completed transitions a new request must add (default `min_expected_gain`)."""
         config = self.config
         keys: list[RequestKey] = []
         if config.traversal != "serial" and budget > 0:
             if config.traversal == "predictive":
-                keys = select_max_expected(tree.root, budget, config.min_expected_gain, issued=issued)
+                gain = config.min_expected_gain if min_gain is None else min_gain
+                keys = select_max_expected(tree.root, budget, gain, issued=issued)
             else:
                 keys = select_breadth_first(tree.root, budget, issued=issued)
         root_key = tree.root.key
@@ -219,13 +224,17 @@ class Chain:
     def start_requests(self, budget: int | None = None) -> list[StartRequest]:
         """Requests to start now, needed first: the root's when it is not running, then the most
         probable ones, while fewer than `budget` requests run (default and cap: `prefetch_budget`;
-        drivers lower it under load, see presto_ray/speculation.py)."""
+        drivers lower it under load, see presto_ray/speculation.py). Predictive: a speculative
+        request must add `speculation_threshold` expected completed transitions (or
+        `min_expected_gain`, the larger)."""
         if self.done:
             return []
         budget = self.config.prefetch_budget if budget is None else min(budget, self.config.prefetch_budget)
         tree = self._streaming_tree()
         issued = {key[:2] for key in (*self._running, *self._completed)}
-        keys = self._select(tree, budget - len(self._running), issued)
+        config = self.config
+        min_gain = max(config.min_expected_gain, speculation_threshold(config.prefetch_budget, config.speculation_gain))
+        keys = self._select(tree, budget - len(self._running), issued, min_gain)
         if not keys:
             return []
         reach = reach_probabilities(tree.root, issued | set(keys))

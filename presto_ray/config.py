@@ -96,6 +96,13 @@ class SamplerConfig(BaseModel):
         "transitions to be issued (0 spends the whole budget).",
     )
 
+    speculation_gain: float = Field(
+        3.2, ge=0.0, le=float(MAX_PREFETCH_BUDGET),
+        description="Streaming, predictive only: a speculative request starts only if it adds at least "
+        "min(0.5, speculation_gain / prefetch_budget) expected completed transitions (fewer tokens "
+        "wasted on requests aborted part-way); 0 spends the whole budget.",
+    )
+
     @model_validator(mode="after")
     def _check_horizon(self) -> "SamplerConfig":
         if self.horizon > 10_000_000:

@@ -128,11 +128,14 @@ def select_max_expected(
     Budget and cost count requests: a key costs its node's `cost`. `issued`: keys already
     generated or running; they count as chosen for free and are not returned.
 
-    Exact: a depth-first search over, for each depth, which of the keys alive there to issue
-    (every completed node needs its whole path issued, so choices only ever extend the alive
-    frontier one depth at a time), pruned by the bound "each remaining key completes at most the
-    mass still alive". With one key per depth, as the rounds planner produces, it is linear; past
-    MAX_SEARCH_NODES nodes it returns the best set found so far.
+    A depth-first search over, for each depth, which of the keys alive there to issue (every
+    completed node needs its whole path issued, so choices only ever extend the alive frontier one
+    depth at a time), pruned by the bound "each remaining request completes at most the mass still
+    alive, less its cost". With a cost, a key whose nodes at this depth hold less mass than its
+    requests cost is not tried: it cannot pay for itself, and the requests below it that only it
+    makes reachable hold no more mass than it does (exact but for nodes that several paths reach).
+    With cost 0 the search is exact. With one key per depth, as the rounds planner produces, it is
+    linear; past MAX_SEARCH_NODES nodes it returns the best set found so far.
     """
     best_score = float("-inf")
     best: list[Hashable] = []
@@ -146,7 +149,7 @@ def select_max_expected(
             best_score, best = score, list(chosen)
         if left == 0 or not alive or visited > MAX_SEARCH_NODES:
             return
-        if score + left * sum(alive.values()) * max_value <= best_score + 1e-12:
+        if score + left * max(0.0, sum(alive.values()) * max_value - cost_per_request) <= best_score + 1e-12:
             return
         mass_by_key: dict[Hashable, float] = defaultdict(float)
         cost_of: dict[Hashable, int] = {}
@@ -154,7 +157,8 @@ def select_max_expected(
             if node.key is not None and node.key not in chosen_set:
                 mass_by_key[node.key] += mass * node.value
                 cost_of[node.key] = node.cost
-        candidates = sorted(mass_by_key, key=mass_by_key.__getitem__, reverse=True)[:MAX_KEYS_PER_DEPTH]
+        candidates = [k for k in mass_by_key if mass_by_key[k] >= cost_per_request * cost_of[k]]
+        candidates = sorted(candidates, key=mass_by_key.__getitem__, reverse=True)[:MAX_KEYS_PER_DEPTH]
         passes_without_new_key = any(n.free or (n.key in chosen_set) for n in alive)
         for size in range(len(candidates), -1, -1):
             if size == 0 and not passes_without_new_key:

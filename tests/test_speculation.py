@@ -2,7 +2,10 @@
 
 import math
 
+import pytest
+
 from presto_ray import SamplerConfig
+from presto_ray.chain import Chain
 from presto_ray.driver import sample_many
 from presto_ray.engines.toy import ToyEngine
 from presto_ray.speculation import free_batch, streaming_budget
@@ -37,3 +40,36 @@ def test_the_budget_shrinks_when_the_device_is_full():
         live[max_running] = engine.clock.max_live
     assert live[None] > 32  # a free device: 8 chains keep many requests each
     assert live[8] <= 16  # 8 slots: one each (plus a needed request started beside a running guess)
+
+
+def test_the_speculation_threshold_falls_with_the_budget_and_is_capped():
+    from presto_ray.speculation import MAX_SPECULATION_THRESHOLD, speculation_threshold
+
+    assert speculation_threshold(8, 3.2) == pytest.approx(0.4)
+    assert speculation_threshold(20, 3.2) == pytest.approx(0.16)
+    assert speculation_threshold(16, 3.2) < speculation_threshold(8, 3.2)  # a larger budget speculates more
+    assert speculation_threshold(4, 3.2) == speculation_threshold(1, 3.2) == MAX_SPECULATION_THRESHOLD
+    assert speculation_threshold(8, 0.0) == 0.0  # off: the whole budget
+    assert SamplerConfig().speculation_gain == 3.2  # on by default
+
+
+def test_the_threshold_is_streamings_only_and_min_expected_gain_still_counts():
+    """Rounds plan as before; a streaming chain starts fewer speculative requests with the rule on,
+    and min_expected_gain raises the threshold, never lowers it."""
+    toy = ToyEngine(vocab_size=32, logit_scale=4.0, eos_bias=-3.0, seed=1)
+    base = SamplerConfig(block_size=24, mh_steps=8, prefetch_budget=8, fixed_length=True, schedule="streaming")
+
+    def first_starts(**update):
+        """Requests started right after the block's extension (before it the tree is one request)."""
+        chain = Chain([4, 5, 6], base.model_copy(update=update), toy.eos_token_id)
+        (extension,) = chain.start_requests()
+        chain.complete(extension.key, toy.generate([extension.request]).completions[0])
+        return len(chain.start_requests())
+
+    off, on = first_starts(speculation_gain=0.0), first_starts()
+    assert 1 <= on < off == 8
+    assert first_starts(min_expected_gain=0.9) <= on
+    rounds = base.model_copy(update={"schedule": "rounds"})
+    assert len(Chain([4, 5, 6], rounds, toy.eos_token_id).plan()) == len(
+        Chain([4, 5, 6], rounds.model_copy(update={"speculation_gain": 0.0}), toy.eos_token_id).plan()
+    )
