@@ -61,13 +61,17 @@ class CoordinatorSnapshot:
         accounting = CallAccounting()
         for p in parts:
             accounting.add(p.accounting)
+
+        def summed(name: str) -> list[int]:  # shards that have not heard of a replica yet count 0
+            return [sum(_at(getattr(p, name), i, 0) for p in parts) for i in range(n)]
+
         return cls(
             counters=CoordinatorCounters.combine([p.counters for p in parts]),
             accounting=accounting,
-            calls_per_replica=[sum(p.calls_per_replica[i] for p in parts) for i in range(n)],
-            inflight_calls_per_replica=[sum(p.inflight_calls_per_replica[i] for p in parts) for i in range(n)],
-            inflight_requests_per_replica=[sum(p.inflight_requests_per_replica[i] for p in parts) for i in range(n)],
-            healthy=[all(p.healthy[i] for p in parts) for i in range(n)],
+            calls_per_replica=summed("calls_per_replica"),
+            inflight_calls_per_replica=summed("inflight_calls_per_replica"),
+            inflight_requests_per_replica=summed("inflight_requests_per_replica"),
+            healthy=[all(_at(p.healthy, i, True) for p in parts) for i in range(n)],
             queue_depth=sum(p.queue_depth for p in parts),
             chains_active=sum(p.chains_active for p in parts),
             shards=sum(p.shards for p in parts),
@@ -89,3 +93,7 @@ class CoordinatorSnapshot:
     def cached_token_share(self) -> float:
         a = self.accounting
         return a.cached_prompt_tokens / a.prompt_tokens if a.prompt_tokens else 0.0
+
+
+def _at(values: list, i: int, absent):
+    return values[i] if i < len(values) else absent

@@ -183,3 +183,26 @@ def _active_replicas(cluster) -> int | None:
         return cluster.coordinators.snapshot_blocking(timeout=5).active_replicas
     except Exception:  # still restarting
         return None
+
+
+def test_replicas_added_to_a_sharded_pool_join_one_shard(ray_address):
+    """Two coordinator shards: replica 2 joins shard 0 (i mod shards), the cluster's snapshot
+    still combines, and chains of every prompt still give the in-process samples."""
+    from actors.cluster import SamplingCluster
+
+    spec = ToyEngineSpec()
+    settings = RaySettings(coordinator_shards=2, replica_autoscaling=ReplicaAutoscaling(min_replicas=2, max_replicas=3))
+    configs = _configs("rounds", num_blocks=1)
+    cluster = SamplingCluster(spec, settings).start()
+    try:
+        cluster.autoscaler.stop()
+        assert cluster.add_replica() == 2
+        snapshot = cluster.snapshot()
+        assert snapshot.active_replicas == 3 and len(snapshot.calls_per_replica) == 3
+        out: dict = {}
+        _run_chains(cluster, configs, out)
+        assert [r.token_ids for r in out["results"]] == _in_process(spec, configs)
+        assert cluster.retire_replica() == 2 and cluster.stop_drained() == [2]
+        assert cluster.snapshot().active_replicas == 2
+    finally:
+        cluster.shutdown()
