@@ -320,4 +320,9 @@ def run_service(config: JobConfig, address: str | None = None) -> None:
         while True:
             time.sleep(3600)
     except KeyboardInterrupt:
+        # a second signal (an impatient Ctrl-C, a supervisor repeating itself) must not break the
+        # shutdown into a traceback
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        print("presto-ray: stopping the service", flush=True)
         serve.shutdown()
