@@ -12,7 +12,7 @@ pytestmark = pytest.mark.vllm
 
 def test_prefetching_reproduces_the_serial_chain_on_a_real_model(vllm_engine):
     prompt = vllm_engine.tokenizer.encode("Give me one tip for learning to cook.")
-    for seed in (0, 1):
+    for seed in (0,):  # one seed: the toy's identity tests draw hundreds
         results = {
             t: sample(vllm_engine, prompt, SamplerConfig(block_size=24, mh_steps=8, prefetch_budget=8, traversal=t, seed=seed, schedule="rounds"))
             for t in ("serial", "bfs", "predictive")
@@ -44,7 +44,7 @@ def test_variants_reproduce_their_serial_chain_on_a_real_model(vllm_engine, vari
     prompt = vllm_engine.tokenizer.encode("Name a planet.")
     base = SamplerConfig(block_size=12, mh_steps=5, prefetch_budget=9, seed=2, schedule="rounds", **variant)
     serial = sample(vllm_engine, prompt, base.model_copy(update={"traversal": "serial"}))
-    for traversal in ("bfs", "predictive"):
+    for traversal in ("predictive",):  # bfs is checked above (PowerMH) and on the toy for every sampler
         prefetched = sample(vllm_engine, prompt, base.model_copy(update={"traversal": traversal}))
         assert prefetched.token_ids == serial.token_ids, traversal
         assert prefetched.stats.accepted == serial.stats.accepted
