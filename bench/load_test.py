@@ -280,6 +280,10 @@ def run_rounds(
                 "lost_or_duplicated": lost + duplicated,
                 "idle_after_s": idle_after_s,
                 "chains_finished": after["chains_finished"] - before["chains_finished"],
+                # of those, chains whose client left mid-call; chains the coordinator stopped
+                # waiting for because they went silent (a driver lost without a word: should be 0)
+                "chains_abandoned": after["chains_abandoned"] - before["chains_abandoned"],
+                "chains_expired": after["chains_expired"] - before["chains_expired"],
                 "engine_calls": after["calls"] - before["calls"],  # rounds schedule
                 "streamed_requests": after["streamed_requests"] - before["streamed_requests"],  # streaming schedule
                 "stream_aborts": after["stream_aborts"] - before["stream_aborts"],

@@ -558,5 +558,7 @@ def test_the_load_test_script_on_the_toy_service(toy_service):
     assert row["answered"] > 0 and row["left"] > 0, row  # the mix includes clients that leave
     assert row["errors"] == 0 and row["lost_or_duplicated"] == 0, row["error_samples"]
     assert row["chains_finished"] >= row["answered"]
+    # a client that left ended its chains at once (cancelled calls), not by the silence timeout
+    assert row["chains_expired"] == 0 and row["idle_after_s"] < 20, row
     assert {"ingress", "Coordinator", "EngineReplica"} <= set(row["rss_mb_by_process"]) == set(service_rss_mb())
     assert verdict(rows)["memory"]["flat"]  # one pass: trivially, but the verdict is computed
