@@ -231,7 +231,7 @@ def test_a_killed_actor_changes_no_sample(ray_address, tmp_path, victim, schedul
     from actors.coordinator_stats import CoordinatorSnapshot
 
     items, config = toy_job(prompts=4, chains=2)
-    latency = {"call_latency_s": 0.05} if schedule == "rounds" else {"token_latency_s": 0.01}
+    latency = {"call_latency_s": 0.05} if schedule == "rounds" else {"token_latency_s": 0.005}
     config = with_sampler(with_engine(config, **latency), schedule=schedule)
     rows = [{"id": item.id, "prompt": item.prompt} for item in items]
     out = tmp_path / "out"
