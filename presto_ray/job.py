@@ -32,7 +32,7 @@ class JobConfig(BaseModel):
     sampler: SamplerConfig = SamplerConfig(block_size=48, mh_steps=10, prefetch_budget=8)
     chains_per_prompt: int = Field(2, ge=1, le=10_000, description="Independent chains per prompt.")
     max_active_chains: int = Field(64, ge=1, le=100_000, description="Chains whose requests share each call.")
-    ray: RaySettings = Field(RaySettings(), description="Replicas, chain actors and batching for `sample --ray` and Serve.")
+    ray: RaySettings = Field(RaySettings(), description="Replicas, stage actors and batching for `sample --ray` and Serve.")
     serve: ServeSettings = Field(ServeSettings(), description="The HTTP service (`presto-ray serve`).")
 
     @model_validator(mode="after")
