@@ -1,48 +1,18 @@
-"""Chain actors: each runs many chains as coroutines, every round or stream through the coordinator."""
+"""`drive_chain`: one chain, every round or stream through the coordinator. The loop every Ray-side
+driver shares: the Ray Data stage's actors (actors/sampling_stage.py), the Serve ingress and
+`validate --ray` / `eval --ray` (actors/ray_backend.py) each run many chains as its coroutines."""
 
 from __future__ import annotations
 
 import functools
 import time
-from dataclasses import dataclass
 
-import ray
 from ray.exceptions import RayActorError
 
-from actors.coordinator_shards import CoordinatorShards
 from actors.metrics import ChainMetrics
 from actors.stream_protocol import ChainActions
 from presto_ray.chain import Chain
-from presto_ray.config import SamplerConfig
 from presto_ray.results import SampleResult
-
-
-@dataclass(frozen=True)
-class ChainWork:
-    """One (prompt, chain) pair: everything its sample depends on."""
-
-    chain_id: tuple[str, int]  # (prompt id, chain index)
-    prompt_token_ids: tuple[int, ...]
-    config: SamplerConfig  # its seed is the chain's own
-
-
-class ChainActor:
-    """Drives `Chain` (plan, submit, advance) and nothing else.
-
-    Its randomness is keyed inside the chain, so a chain re-run after this actor dies draws the
-    same sample: the job driver simply submits the same `ChainWork` again.
-    """
-
-    def __init__(self, coordinators: CoordinatorShards, eos_token_id: int | None) -> None:
-        self.coordinators = coordinators
-        self.eos_token_id = eos_token_id
-
-    def ready(self) -> bool:
-        return True
-
-    async def run(self, work: ChainWork) -> SampleResult:
-        chain = Chain(work.prompt_token_ids, work.config, self.eos_token_id)
-        return await drive_chain(self.coordinators.for_prompt(work.prompt_token_ids), work.chain_id, chain)
 
 
 async def drive_chain(coordinator, chain_id, chain: Chain, on_round=None) -> SampleResult:
@@ -112,17 +82,3 @@ async def _stream(coordinator, chain_id, chain: Chain, metrics: ChainMetrics, on
 def _chain_metrics() -> ChainMetrics:
     """One set per process: Ray metrics are registered once and shared by every chain here."""
     return ChainMetrics()
-
-
-def start_chain_actors(coordinators: CoordinatorShards, eos_token_id: int | None, settings, chains_per_actor: int) -> list:
-    remote = ray.remote(ChainActor)
-    actors = [
-        remote.options(
-            num_cpus=settings.chain_actor_num_cpus,
-            max_restarts=settings.chain_max_restarts,
-            max_concurrency=max(1, chains_per_actor),
-        ).remote(coordinators, eos_token_id)
-        for _ in range(settings.chain_actors)
-    ]
-    ray.get([a.ready.remote() for a in actors])
-    return actors

@@ -31,7 +31,7 @@ def shard_replicas(num_replicas: int, num_shards: int) -> list[list[int]]:
 
 
 class CoordinatorShards:
-    """The coordinator actor handles of one cluster (picklable: chain actors and Serve replicas hold it)."""
+    """The coordinator actor handles of one cluster (picklable: stage actors and Serve replicas hold it)."""
 
     def __init__(self, handles: Sequence, affinity_tokens: int) -> None:
         if not handles:

@@ -35,7 +35,7 @@ class CoordinatorMetrics:
 
 
 class ChainMetrics:
-    """Recorded where chains run (chain actors, Serve replicas): transitions per call is
+    """Recorded where chains run (stage actors, Serve replicas): transitions per call is
     rate(presto_transitions) / rate(presto_engine_calls) in Prometheus."""
 
     def __init__(self) -> None:

@@ -1,7 +1,7 @@
 """`validate --ray` and `eval --ray`: the backend of presto_ray/backend.py on the Ray layer.
 
 Engine replicas and the batching coordinator come from `SamplingCluster`; chains run as
-coroutines in the driver through `drive_chain` (the loop chain actors and Serve share), so a
+coroutines in the driver through `drive_chain` (the loop the Ray Data stage and Serve share), so a
 kernel given to `sample` (validate's fault) needs no pickling; plain generations are one
 `submit` to the coordinator, which batches and routes them like any chain's round.
 """

@@ -28,8 +28,6 @@ from presto_ray.prompts import PromptFileError, PromptItem, parse_prompt_row
 
 # A chain replayed this many times is failing for a reason a restart does not fix.
 MAX_CHAIN_ATTEMPTS = 5
-# How long a dead coordinator may take to come back before the job gives up.
-COORDINATOR_RESTART_TIMEOUT_S = 120.0
 
 
 class JobFailed(RuntimeError):
@@ -125,7 +123,10 @@ class PowerSamplingStage:
         return {**row, ERROR_COLUMN: None}
 
     async def _wait_for_coordinator(self, coordinator) -> None:
-        deadline = time.monotonic() + COORDINATOR_RESTART_TIMEOUT_S
+        """Until a restarting coordinator answers; one gone for good (out of restarts, its node
+        lost) fails the job after `ray.coordinator_restart_timeout_s`."""
+        timeout_s = self.config.ray.coordinator_restart_timeout_s
+        deadline = time.monotonic() + timeout_s
         while True:
             try:
                 await asyncio.wait_for(coordinator.snapshot.remote(), timeout=10)
@@ -133,8 +134,9 @@ class PowerSamplingStage:
             except (RayActorError, GetTimeoutError, asyncio.TimeoutError) as e:
                 if time.monotonic() > deadline:
                     raise JobFailed(
-                        f"the coordinator died and did not come back within {COORDINATOR_RESTART_TIMEOUT_S:g} s; "
-                        "finished samples are written, rerun to resume"
+                        f"the coordinator died and did not come back within {timeout_s:g} s (ray.coordinator_max_restarts "
+                        f"= {self.config.ray.coordinator_max_restarts} used up, or its node is gone); finished samples are "
+                        "written, rerun to resume"
                     ) from e
                 await asyncio.sleep(0.2)
 

@@ -1,5 +1,6 @@
-"""What travels between chain actors, the coordinator and engine replicas when chains stream
-(docs/streaming.md). Plain frozen dataclasses: cheap to pickle, no Ray needed to build them.
+"""What travels between the chains (in stage actors or Serve), the coordinator and engine replicas
+when chains stream (docs/streaming.md). Plain frozen dataclasses: cheap to pickle, no Ray needed to
+build them.
 
 Chain -> coordinator: `ChainActions` (abort these, start those, wake me at these fork points), answered
 by a `ChainUpdate` once at least one event for the chain has landed (a long poll: one round trip

@@ -5,8 +5,9 @@
   and that every schedule draws the serial chain's samples (`presto-ray bench`).
 - `real`: the same comparison on vLLM with the real model: wall-time speedup over serial,
   seconds per call, prefix-cache share, scoring share (`presto-ray bench-real`).
-- `ray_throughput`: transitions per second on Ray (chain actors, coordinator, one engine
-  replica) against the same job in-process, per number of concurrent chains, and the
-  batching policy's effect (`presto-ray bench-ray`).
+- `ray_throughput`: transitions per second on Ray (the Ray Data job's sampling stage, the
+  coordinator, one engine replica) against the same job in-process, per number of concurrent
+  chains, and the batching policy's effect (`presto-ray bench-ray`).
+- `ray_data`: the Ray Data job's rows per second and engine calls, and its driver's memory.
 - `table`: the plain-text tables all three print.
 """

@@ -3,7 +3,9 @@
 For each chain count the same job runs twice, side by side on this machine:
   - in-process: `sample_many`, every round of all chains in one call with no coordination: the
     engine's own throughput for this workload;
-  - on Ray: chain actors, the coordinator and one engine replica (actor start-up not timed).
+  - on Ray: the Ray Data job's power-sampling stage (`presto_ray.data`: its actor pool, the
+    coordinator and one engine replica) over the prompts as a Dataset; the coordinator and the
+    replica are started before the clock, the stage's actors (Ray Data starts them per job) after.
 The share column is Ray's transitions per second over the in-process figure. Both runs draw the
 same samples (keyed randomness), which the bench checks.
 
@@ -21,7 +23,7 @@ from pathlib import Path
 from bench.table import Columns, format_table
 from presto_ray import __version__
 from presto_ray.engines import build_engine
-from presto_ray.job import JobConfig, JobSummary, run_job
+from presto_ray.job import JobConfig, run_job
 from presto_ray.output import write_json_atomic
 from presto_ray.prompts import PromptItem
 
@@ -64,32 +66,36 @@ def _job_config(engine: dict, sampler: dict, chains: int, ray: dict) -> tuple[li
     return items, config
 
 
-def _ray_run(items, config, out_dir: Path, replicas) -> tuple[JobSummary, float]:
-    import shutil
+def _ray_run(items, config, replicas) -> tuple[list[dict], object, float]:
+    """The job through the Ray Data stage on running `replicas`: its rows, the coordinator's
+    snapshot and the wall time of the Dataset's execution."""
+    import ray.data
 
-    from deployments.batch_job import RayJob
+    from presto_ray.data import build_power_sampling_processor
 
-    job = RayJob(items, config, out_dir, replicas=replicas)
-    job.start()
-    try:
+    rows = [{"id": item.id, "prompt": item.prompt} for item in items]
+    # one batch per prompt, every prompt's batch running at once: all chains share each call
+    with build_power_sampling_processor(config, replicas=replicas, batch_size=1, batches_per_actor=len(items)) as processor:
         start = time.perf_counter()
-        summary = job.run()
-        return summary, time.perf_counter() - start
-    finally:
-        job.shutdown()
-        shutil.rmtree(out_dir, ignore_errors=True)
+        out = processor(ray.data.from_items(rows)).take_all()
+        wall = time.perf_counter() - start
+        snapshot = processor.snapshot()
+    errors = [r["error"] for r in out if r["error"] is not None]
+    if errors:
+        raise RuntimeError(f"the Ray job wrote errors: {errors[:3]}")
+    return out, snapshot, wall
 
 
-def _samples(summary: JobSummary) -> dict:
-    return {(r["prompt_id"], r["chain"]): r["token_ids"] for r in summary.rows}
+def _samples(rows: list[dict]) -> dict:
+    return {(r["prompt_id"], r["chain"]): list(r["token_ids"]) for r in rows}
 
 
-def measure(engine_spec: dict, sampler: dict, chains: int, ray: dict, work_dir: Path, replicas, local_engine=None) -> dict:
+def measure(engine_spec: dict, sampler: dict, chains: int, ray: dict, replicas, local_engine=None) -> dict:
     """One row: the same job on Ray (on running `replicas`) and in-process (when `local_engine` is given)."""
     items, config = _job_config(engine_spec, sampler, chains, ray)
-    out = work_dir / f"{engine_spec['kind']}-{chains}-{time.time_ns()}"
-    summary, ray_time = _ray_run(items, config, out, replicas)
-    calls, transitions = summary.engine.calls, summary.chains.transitions
+    rows, snapshot, ray_time = _ray_run(items, config, replicas)
+    engine = snapshot.accounting
+    calls, transitions = engine.calls, sum(r["transitions"] for r in rows)
     row = {
         "engine": engine_spec["kind"],
         "chains": chains,
@@ -99,10 +105,10 @@ def measure(engine_spec: dict, sampler: dict, chains: int, ray: dict, work_dir: 
         "ray_calls": calls,
         "transitions": transitions,
         "ray_transitions_per_s": transitions / ray_time,
-        "requests_per_call": summary.engine.num_requests / calls,
+        "requests_per_call": engine.num_requests / calls,
         "transitions_per_call": transitions / calls,
-        "cached_token_share": summary.engine.cached_prompt_tokens / max(summary.engine.prompt_tokens, 1),
-        "engine_time_s": summary.engine.wall_time_s,
+        "cached_token_share": engine.cached_prompt_tokens / max(engine.prompt_tokens, 1),
+        "engine_time_s": engine.wall_time_s,
     }
     if local_engine is not None:
         start = time.perf_counter()
@@ -113,22 +119,22 @@ def measure(engine_spec: dict, sampler: dict, chains: int, ray: dict, work_dir: 
             local_calls=local.engine.calls,
             local_transitions_per_s=local.chains.transitions / local_time,
             share_of_engine=(transitions / ray_time) / (local.chains.transitions / local_time),
-            same_samples=_samples(local) == _samples(summary),
+            same_samples=_samples(local.rows) == _samples(rows),
         )
     return row
 
 
-def _engines(engine_spec: dict, sampler: dict, work_dir: Path, build) -> tuple:
+def _engines(engine_spec: dict, sampler: dict, build) -> tuple:
     """The in-process engine and a cluster with one Ray replica of the same spec, both warmed up on
     every prompt (vLLM's first calls and cold prefix caches must not count against either side).
-    Each measured job runs its own coordinator on the cluster's replicas."""
+    Each measured job runs its own coordinator and stage actors on the cluster's replicas."""
     from actors.cluster import SamplingCluster
 
     items, config = _job_config(engine_spec, sampler, 4, {})
     engine = build(config.engine)
     cluster = SamplingCluster(config.engine, config.ray).start()
     run_job(items, config, engine)
-    _ray_run(items, config, work_dir / f"warmup-{time.time_ns()}", cluster.replicas)
+    _ray_run(items, config, cluster.replicas)
     return engine, cluster
 
 
@@ -139,26 +145,24 @@ def run_ray_bench(
     policy_chains: int = 16,  # 0: skip the batching-policy table
     out_json: str | Path | None = None,
     out_png: str | Path | None = None,
-    work_dir: str | Path = "out/bench-ray",
     progress=print,
 ) -> dict:
     from actors.cluster import ensure_ray
 
     ensure_ray()
-    work_dir = Path(work_dir)
     toy = {"kind": "toy", "vocab_size": 64, "logit_scale": 4.0, "eos_bias": -3.0, **TOY_LATENCY}
     # rounds: this bench measures how the coordinator merges calls (streaming makes none)
     toy_sampler = {"block_size": 32, "num_blocks": 1, "mh_steps": 30, "prefetch_budget": 8, "seed": 0, "schedule": "rounds"}
     rows, policy = [], []
-    toy_engine, toy_cluster = _engines(toy, toy_sampler, work_dir, build_engine)
+    toy_engine, toy_cluster = _engines(toy, toy_sampler, build_engine)
     toy_replicas = toy_cluster.replicas
     for chains in chain_counts:
-        rows.append(measure(toy, toy_sampler, chains, {}, work_dir, toy_replicas, toy_engine))
+        rows.append(measure(toy, toy_sampler, chains, {}, toy_replicas, toy_engine))
         progress(f"toy chains={chains}: share {rows[-1]['share_of_engine']:.2f}, {rows[-1]['requests_per_call']:.1f} req/call")
     for window in (0.0, 0.02, 0.05, 0.1, 0.2) if policy_chains else ():
         for inflight in (1, 2):
             ray = {"batch_window_s": window, "max_inflight_calls": inflight}
-            policy.append(measure(toy, toy_sampler, policy_chains, ray, work_dir, toy_replicas, toy_engine))
+            policy.append(measure(toy, toy_sampler, policy_chains, ray, toy_replicas, toy_engine))
             progress(f"policy window={window} inflight={inflight}: {policy[-1]['ray_transitions_per_s']:.1f} trans/s")
     toy_cluster.shutdown()
     vllm_sampler = {"block_size": 24, "num_blocks": 1, "mh_steps": 6, "prefetch_budget": 4, "seed": 0, "schedule": "rounds"}
@@ -166,11 +170,11 @@ def run_ray_bench(
     if vllm_chain_counts:
         from presto_ray.engines.vllm_engine import VLLMEngine
 
-        engine, cluster = _engines({"kind": "vllm"}, vllm_sampler, work_dir, lambda _: VLLMEngine())
+        engine, cluster = _engines({"kind": "vllm"}, vllm_sampler, lambda _: VLLMEngine())
         with engine:
             model_dir = engine.model_dir
             for chains in vllm_chain_counts:
-                rows.append(measure({"kind": "vllm"}, vllm_sampler, chains, {}, work_dir, cluster.replicas, engine))
+                rows.append(measure({"kind": "vllm"}, vllm_sampler, chains, {}, cluster.replicas, engine))
                 progress(f"vllm chains={chains}: share {rows[-1]['share_of_engine']:.2f}")
         cluster.shutdown()
     report = {
@@ -183,6 +187,7 @@ def run_ray_bench(
             "vllm_model_dir": model_dir,
             "ray_defaults": JobConfig().ray.model_dump(),
             "replicas": 1,
+            "ray_job": "the Ray Data stage (presto_ray.data), one batch per prompt; its actors start inside the timing",
             "prompts": "min(chains, 4) prompts, chains / prompts chains each",
         },
         "rows": rows,

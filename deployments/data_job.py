@@ -10,7 +10,9 @@ a pending checkpoint, the data file, the commit; a file left by a killed job bes
 checkpoint is deleted on the next run), and the next run's read drops rows whose id is committed.
 All chains of a prompt come out of one batch, hence one block and one file, so "this prompt's id
 is committed" means "each of its (prompt, chain) rows is written once". Two guarantees Ray's
-checkpoint does not give are kept here: one live writer per output folder (`OutputLock`), and a
+checkpoint does not give are kept here: one live writer per output folder (`OutputLock`: local
+paths and shared volumes only; object storage has no exclusive create, so a URI output takes no
+lock and one job per output URI is the user's to ensure, docs/ray.md), and a
 refusal to resume a folder written with another sampler config, engine, model or chain count
 (`.presto-ray-job.json`); Ray keys rows by id only, so a prompt whose text changed under the
 same id is skipped, not re-sampled (the `inputs` column still records what each sample used).

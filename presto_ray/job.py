@@ -32,7 +32,7 @@ class JobConfig(BaseModel):
     sampler: SamplerConfig = SamplerConfig(block_size=48, mh_steps=10, prefetch_budget=8)
     chains_per_prompt: int = Field(2, ge=1, le=10_000, description="Independent chains per prompt.")
     max_active_chains: int = Field(64, ge=1, le=100_000, description="Chains whose requests share each call.")
-    ray: RaySettings = Field(RaySettings(), description="Replicas, chain actors and batching for `sample --ray` and Serve.")
+    ray: RaySettings = Field(RaySettings(), description="Replicas, stage actors and batching for `sample --ray` and Serve.")
     serve: ServeSettings = Field(ServeSettings(), description="The HTTP service (`presto-ray serve`).")
 
     @model_validator(mode="after")
@@ -85,8 +85,6 @@ class JobSummary:
     engine: CallAccounting = field(default_factory=CallAccounting)  # calls are shared by chains
     samples: int = 0
     skipped: int = 0  # pairs a resumed job found already written
-    replayed_chains: int = 0  # chains run again after their actor died (Ray jobs)
-    resent_requests: int = 0  # requests sent again after their replica died (Ray jobs)
     wall_time_s: float = 0.0
     rows: list[dict] = field(default_factory=list)
 
@@ -117,10 +115,6 @@ class JobSummary:
             f"wall time            {self.wall_time_s:.2f} s",
         ] + (
             [f"resumed              {self.skipped} finished pairs skipped"] if self.skipped else []
-        ) + (
-            [f"recovered            {self.replayed_chains} chains replayed, {self.resent_requests} requests re-sent"]
-            if self.replayed_chains or self.resent_requests
-            else []
         )
 
 

@@ -1,4 +1,5 @@
-"""Parquet output of samples, written atomically (a temp file in the same folder, then rename)."""
+"""Parquet output of samples: the columns, the row builder, the in-process job's atomic write (a temp
+file in the same folder, then rename), the Ray job's one-writer lock, and reading either back."""
 
 from __future__ import annotations
 
@@ -111,56 +112,6 @@ def write_json_atomic(data: dict | list, path: str | Path) -> None:
         tmp.write_text(json.dumps(data, indent=2) + "\n")
 
 
-class ShardedParquet:
-    """A folder of Parquet shards (`part-<run>-<n>.parquet`), each written atomically.
-
-    A crash loses at most the rows not yet flushed; `finished()` tells a rerun which
-    (prompt_id, chain) pairs are already on disk. pyarrow and pandas read the folder as one table.
-    """
-
-    def __init__(self, directory: str | Path, shard_rows: int = 256, interval_s: float = 30.0) -> None:
-        self.directory = Path(directory)
-        if self.directory.exists() and not self.directory.is_dir():
-            raise ValueError(f"{self.directory} is a file; sharded output needs a folder")
-        self.shard_rows, self.interval_s = shard_rows, interval_s
-        self._run = f"{time.time_ns():x}"
-        self._count = 0
-        self._rows: list[dict] = []
-        self._last_flush = time.monotonic()
-
-    def shards(self) -> list[Path]:
-        return _shards(self.directory)
-
-    def finished(self, config_json: str) -> dict[tuple[str, int], str | None]:
-        """The pairs already written, each with its resume key (None in shards written before
-        keys existed); refuses shards written with another sampler config."""
-        done: dict[tuple[str, int], str | None] = {}
-        for shard in self.shards():
-            has_keys = "inputs" in pq.read_schema(shard).names
-            table = pq.read_table(shard, columns=["prompt_id", "chain", "config"] + (["inputs"] if has_keys else []))
-            if table.num_rows and set(table.column("config").to_pylist()) != {config_json}:
-                raise ValueError(
-                    f"{shard} holds samples drawn with another sampler configuration; "
-                    "write to a new output folder or remove it"
-                )
-            keys = table.column("inputs").to_pylist() if has_keys else [None] * table.num_rows
-            done.update(zip(zip(table.column("prompt_id").to_pylist(), table.column("chain").to_pylist()), keys))
-        return done
-
-    def add(self, row: dict) -> None:
-        self._rows.append(row)
-        if len(self._rows) >= self.shard_rows or time.monotonic() - self._last_flush >= self.interval_s:
-            self.flush()
-
-    def flush(self) -> None:
-        self._last_flush = time.monotonic()
-        if not self._rows:
-            return
-        write_parquet_atomic(self._rows, self.directory / f"part-{self._run}-{self._count:05d}.parquet")
-        self._count += 1
-        self._rows = []
-
-
 class OutputLock:
     """One live writer per output folder: `.presto-ray.lock` holds the writer's pid and host.
 
@@ -225,7 +176,7 @@ def _alive(pid) -> bool:
     return True
 
 
-def _shards(directory: Path) -> list[Path]:
+def _parquet_files(directory: Path) -> list[Path]:
     """The Parquet files of a folder, without hidden ones (temp files, Ray's checkpoint folder)."""
     if not directory.is_dir():
         return []
@@ -236,8 +187,8 @@ def read_samples(path: str | Path) -> pa.Table:
     """A sample file or a folder of Parquet files (the Ray job's output), as one table."""
     path = Path(path)
     if path.is_dir():
-        shards = _shards(path)
-        if not shards:
+        files = _parquet_files(path)
+        if not files:
             return SAMPLE_SCHEMA.empty_table()
-        return pa.concat_tables([pq.read_table(s) for s in shards], promote_options="default")
+        return pa.concat_tables([pq.read_table(f) for f in files], promote_options="default")
     return pq.read_table(path)

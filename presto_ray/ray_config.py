@@ -1,4 +1,4 @@
-"""How a job runs on Ray: replicas, chain actors, batching. Plain pydantic: importing it needs no Ray."""
+"""How a job runs on Ray: replicas, stage actors, batching. Plain pydantic: importing it needs no Ray."""
 
 from __future__ import annotations
 
@@ -7,6 +7,15 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from presto_ray.config import ConfigFieldError
+
+# Settings of the previous driver-side Ray job (deployments/batch_job.py, retired): Ray Data writes
+# one file per batch and restarts its own stage actors. A config that still sets one is refused with
+# this note rather than silently ignored.
+RETIRED = {
+    "shard_rows": "Ray Data writes one Parquet file per batch of prompts (ProcessorConfig.batch_size)",
+    "shard_interval_s": "Ray Data writes one Parquet file per batch of prompts (ProcessorConfig.batch_size)",
+    "chain_max_restarts": "Ray Data restarts the stage actors itself and re-runs their batches",
+}
 
 
 class ReplicaAutoscaling(BaseModel):
@@ -56,15 +65,20 @@ class RaySettings(BaseModel):
         None, description="Reserve all replicas in one placement group with this strategy (None: no group)."
     )
     replica_max_restarts: int = Field(3, ge=-1, description="Ray restarts of a dead replica (-1: unlimited).")
-    chain_actors: int = Field(2, ge=1, le=4096, description="Chain actors; each runs many chains as coroutines.")
-    chain_actor_num_cpus: float = Field(0.0, ge=0.0, description="CPUs each chain actor reserves.")
+    chain_actors: int = Field(
+        2, ge=1, le=4096, description="Actors of the Ray Data job's sampling stage; each runs many chains as coroutines."
+    )
+    chain_actor_num_cpus: float = Field(0.0, ge=0.0, description="CPUs each stage actor reserves.")
     coordinator_shards: int = Field(
         1, ge=1, le=64,
         description="Coordinator actors; a prompt's chains go to one (by the hash of its first affinity_tokens "
         "tokens), each drives its share of the replicas (all of them when there are fewer replicas than shards).",
     )
     coordinator_max_restarts: int = Field(3, ge=-1, description="Ray restarts of a dead coordinator (-1: unlimited).")
-    chain_max_restarts: int = Field(3, ge=-1, description="Ray restarts of a dead chain actor (-1: unlimited).")
+    coordinator_restart_timeout_s: float = Field(
+        120.0, gt=0.0, le=3600.0,
+        description="How long chains wait for a dead coordinator to come back before the job fails with one line.",
+    )
     batch_window_s: float = Field(
         0.1,
         ge=0.0,
@@ -92,8 +106,6 @@ class RaySettings(BaseModel):
         64, ge=0, description="Leave the preferred replica when it holds this many more queued requests than the idlest."
     )
     max_call_attempts: int = Field(4, ge=1, le=100, description="Tries of one batch across replica failures.")
-    shard_rows: int = Field(256, ge=1, description="Rows per Parquet shard (each shard is written atomically).")
-    shard_interval_s: float = Field(30.0, gt=0.0, description="Write a partial shard at least this often.")
 
     @model_validator(mode="after")
     def _autoscaling_fits(self) -> "RaySettings":
@@ -116,3 +128,13 @@ class RaySettings(BaseModel):
     @property
     def initial_replicas(self) -> int:
         return self.replica_autoscaling.min_replicas if self.replica_autoscaling else self.num_replicas
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_retired(cls, data):
+        if isinstance(data, dict):
+            retired = [key for key in RETIRED if key in data]
+            if retired:
+                key = retired[0]
+                raise ConfigFieldError(key, f"{key} was retired with the previous Ray job ({RETIRED[key]}); remove it")
+        return data

@@ -20,6 +20,10 @@ def load(name: str) -> dict:
     return yaml.safe_load((K8S / name).read_text())
 
 
+def load_all(name: str) -> list[dict]:
+    return list(yaml.safe_load_all((K8S / name).read_text()))
+
+
 def cluster_specs() -> dict:
     return {
         "rayservice.yaml": load("rayservice.yaml")["spec"]["rayClusterConfig"],
@@ -104,7 +108,9 @@ def test_serve_run_config_builds_the_real_application():
     assert JobConfig.model_validate(application._bound_deployment.init_args[0]).engine.kind == "vllm"
 
 
-def test_rayjob_entrypoint_is_the_batch_job_on_existing_paths():
+def test_rayjob_entrypoint_is_the_ray_data_job_on_paths_every_node_mounts():
+    """`sample --ray` runs on Ray Data, whose read and write tasks (and checkpoint) run on any node:
+    /data must be mounted on the head and on every worker group, from the ReadWriteMany volume."""
     from presto_ray.cli import build_parser
 
     entrypoint = load("rayjob.yaml")["spec"]["entrypoint"].split()
@@ -112,5 +118,11 @@ def test_rayjob_entrypoint_is_the_batch_job_on_existing_paths():
     args = build_parser().parse_args(entrypoint[1:])
     assert args.ray and in_repo(args.config).exists()
     assert args.out.startswith("/data/") and args.prompts.startswith("/data/")
-    head = load("rayjob.yaml")["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"][0]
-    assert any(m["mountPath"] == "/data" for m in head["volumeMounts"])
+    (data_claim,) = [v for v in load_all("volumes.yaml") if v["metadata"]["name"] == "presto-data"]
+    assert data_claim["spec"]["accessModes"] == ["ReadWriteMany"]
+    for manifest, spec in (("rayjob.yaml", load("rayjob.yaml")["spec"]["rayClusterSpec"]), ("raycluster.yaml", load("raycluster.yaml")["spec"])):
+        pods = [spec["headGroupSpec"]["template"]["spec"]] + [g["template"]["spec"] for g in spec["workerGroupSpecs"]]
+        for pod in pods:
+            mounts = {m["name"] for c in pod["containers"] for m in c.get("volumeMounts", []) if m["mountPath"] == "/data"}
+            claims = {v["name"]: v["persistentVolumeClaim"]["claimName"] for v in pod.get("volumes", [])}
+            assert mounts and all(claims[m] == "presto-data" for m in mounts), manifest

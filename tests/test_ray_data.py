@@ -1,6 +1,9 @@
 """The batch job on Ray Data (issue 13), on a real local Ray cluster: the processor writes the
 in-process samples, bad rows carry their error, a SIGKILLed job resumes through Ray's checkpoint
-writing each (prompt, chain) once, and the driver's memory does not grow with the input."""
+writing each (prompt, chain) once (and refuses a second live writer or other settings), a killed
+stage actor or coordinator changes no sample, a coordinator gone for good ends the job with one
+line, the CLI and bench-ray run on it, and the driver's memory does not grow with the input.
+(The coordinator's own behaviour, chains driven straight through it: tests/test_ray_coordinator.py.)"""
 
 from __future__ import annotations
 
@@ -22,7 +25,7 @@ pytest.importorskip("ray.data")  # needs pandas: the `ray` extra installs ray[da
 
 from deployments.data_job import CHECKPOINT_DIR, BadPromptRow, run_data_job  # noqa: E402
 from presto_ray.data import build_power_sampling_processor  # noqa: E402
-from test_ray_job import assert_same_samples, reference, toy_job  # noqa: E402
+from ray_helpers import InBackground, assert_same_samples, reference, toy_job, with_engine, with_sampler  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -44,6 +47,7 @@ def test_processor_writes_the_in_process_samples(ray_address, tmp_path, schedule
     with build_power_sampling_processor(config, concurrency=concurrency, batch_size=2) as processor:
         processor(ray.data.from_items(rows)).write_parquet(str(tmp_path / "out"))
         stats = processor.snapshot()
+        live = ray.get([replica.live_streams.remote() for replica in processor.cluster.replicas])
     written = read_samples(tmp_path / "out").to_pylist()
     expected = reference(items, config)
     assert_same_samples(written, expected)
@@ -51,8 +55,9 @@ def test_processor_writes_the_in_process_samples(ray_address, tmp_path, schedule
     assert {(r["prompt_id"], r["topic"], r["id"]) for r in written} == {(r["id"], r["topic"], r["id"]) for r in rows}
     if schedule == "rounds":  # the chains of every batch and every stage actor share calls
         assert stats.accounting.calls < 0.5 * sum(r["model_calls"] for r in written)
-    else:
-        assert stats.counters.streamed_requests > 0
+    else:  # streaming chains make no batched calls, and leave nothing running
+        assert stats.accounting.calls == 0 and stats.counters.streamed_requests == stats.accounting.num_requests > 0
+        assert live == [0, 0] and stats.chains_active == 0
     assert stats.shards == ray_settings.get("coordinator_shards", 1)
 
 
@@ -108,6 +113,8 @@ def test_a_killed_job_resumes_writing_each_pair_once(ray_address, tmp_path):
     while len(_committed(out)) < 2 and time.monotonic() < deadline:
         assert first.poll() is None, first.stdout.read()
         time.sleep(0.05)
+    with pytest.raises(ValueError, match=rf"is being written by process {first.pid} "):  # a second live writer
+        run_data_job(str(prompts), str(out), config, progress=False)
     first.send_signal(signal.SIGKILL)
     first.wait()
     committed = {p.name for p in _committed(out)}
@@ -123,9 +130,30 @@ def test_a_killed_job_resumes_writing_each_pair_once(ray_address, tmp_path):
     assert_same_samples(rows, reference(items, config))  # each pair exactly once, the in-process samples
     assert not list(out.glob(".presto-ray.lock")), "the lock is released when the job ends"
 
-    third = run_data_job(str(prompts), str(out), config, progress=False)  # nothing left to do
-    assert third.samples == third.errors == 0 and third.skipped == 16
-    assert len(read_samples(out)) == 16
+    import pyarrow.parquet as pq
+
+    assert pq.read_table(out).num_rows == 16, "pyarrow reads the folder as one table, skipping the checkpoint"
+
+    # the folder records what its samples were drawn with: other settings are refused up front
+    refused = {
+        "another sampler configuration": with_sampler(config, alpha=2.0),
+        "other engine": with_engine(config, seed=7),
+        "other chains_per_prompt": config.model_copy(update={"chains_per_prompt": 3}),
+    }
+    for message, other in refused.items():
+        with pytest.raises(ValueError, match=message):
+            run_data_job(str(prompts), str(out), other, progress=False)
+    # latency changes no sample; a new prompt is sampled; a prompt edited under the same id is
+    # skipped, not re-sampled (Ray's checkpoint keys rows by id only: the documented limitation)
+    edited = [{"id": i.id, "prompt": i.prompt + (" (edited)" if i.id == "q0" else "")} for i in items]
+    more = write_jsonl(tmp_path / "more.jsonl", edited + [{"id": "new", "prompt": "a new question"}])
+    third = run_data_job(str(more), str(out), with_engine(config, call_latency_s=0.0), progress=False)
+    assert third.samples == 2 and third.errors == 0 and third.skipped == 16
+    rows = read_samples(out).to_pylist()
+    assert sorted((r["prompt_id"], r["chain"]) for r in rows if r["prompt_id"] in ("q0", "new")) == [
+        ("new", 0), ("new", 1), ("q0", 0), ("q0", 1)
+    ]  # fmt: skip
+    assert_same_samples([r for r in rows if r["prompt_id"] != "new"], reference(items, config))
 
 
 DRIVER = """
@@ -176,22 +204,130 @@ def test_driver_memory_does_not_grow_with_the_input(ray_address, tmp_path):
     assert peak_large - peak_small < 128, rss
 
 
-def test_chains_lost_with_the_coordinator_are_replayed(ray_address, tmp_path):
-    """Keyed replay: chains lost with the coordinator (Ray restarts it) run again from their keys
-    and draw the same samples; nothing is written twice. (A dead stage actor is Ray Data's to
-    restart, its batch re-run: the same keyed replay.)"""
-    import threading
+def _stage_actors() -> list[dict]:
+    """The live actors of the power-sampling stage (Ray Data names their class after the operator)."""
+    from ray._private.state import actors
+
+    return [a for a in actors(actor_state_name="ALIVE").values() if "PowerSamplingStage" in a["ActorClassName"]]
+
+
+def _sigkill_a_stage_actor(processor) -> dict:
+    deadline = time.monotonic() + 120
+    while not (found := _stage_actors()) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert found, "no stage actor was ever alive"
+    os.kill(found[0]["Pid"], signal.SIGKILL)  # a crash, not a polite ray.kill
+    return found[0]
+
+
+@pytest.mark.parametrize("schedule", ["rounds", "streaming"])
+@pytest.mark.parametrize("victim", ["stage-actor", "coordinator"])
+def test_a_killed_actor_changes_no_sample(ray_address, tmp_path, victim, schedule):
+    """Keyed replay. A stage actor SIGKILLed mid-batch: Ray Data restarts it and re-runs its batch,
+    whose chains replay from their keys. The coordinator killed mid-round or mid-stream (Ray
+    restarts it): the chains it held fail in the stage and replay once it answers again. Either
+    way every pair is written once with the in-process sample, and the coordinator saw more
+    requests than the written samples used: the lost chains' work was done twice."""
+    from actors.coordinator_stats import CoordinatorSnapshot
 
     items, config = toy_job(prompts=4, chains=2)
-    config = config.model_copy(update={"engine": config.engine.model_copy(update={"call_latency_s": 0.05})})
+    latency = {"call_latency_s": 0.05} if schedule == "rounds" else {"token_latency_s": 0.005}
+    config = with_sampler(with_engine(config, **latency), schedule=schedule)
     rows = [{"id": item.id, "prompt": item.prompt} for item in items]
-    with build_power_sampling_processor(config, concurrency=2, batch_size=2) as processor:
-        job = threading.Thread(target=lambda: processor(ray.data.from_items(rows)).write_parquet(str(tmp_path / "out")))
-        job.start()
+    out = tmp_path / "out"
+    # one stage actor: it holds both batches (batches_per_actor 4), so killing it loses chains
+    with build_power_sampling_processor(config, concurrency=1, batch_size=2) as processor:
+        job = InBackground(lambda: processor(ray.data.from_items(rows)).write_parquet(str(out)))
         deadline = time.monotonic() + 120
-        while processor.snapshot().accounting.calls < 2 and time.monotonic() < deadline:
-            time.sleep(0.02)
-        ray.kill(processor.cluster.coordinator, no_restart=False)
-        job.join(timeout=300)
-        assert not job.is_alive()
-    assert_same_samples(read_samples(tmp_path / "out").to_pylist(), reference(items, config))
+        while processor.snapshot().counters.submitted_requests < 8 and time.monotonic() < deadline:
+            time.sleep(0.02)  # the chains are running
+        if victim == "stage-actor":
+            killed = _sigkill_a_stage_actor(processor)
+        else:
+            ray.kill(processor.cluster.coordinator, no_restart=False)
+        job.result()
+        stats: CoordinatorSnapshot = processor.snapshot()  # the restarted coordinator's figures only
+    written = read_samples(out).to_pylist()
+    expected = reference(items, with_sampler(config, schedule="rounds"))  # streaming draws the same samples
+    assert_same_samples(written, expected, fields=("seed", "token_ids", "text", "finished_with_eos", "transitions", "accepted"))
+    if victim == "stage-actor":
+        from ray._private.state import actors
+
+        assert actors(killed["ActorID"])["NumRestarts"] >= 1, "Ray Data must have restarted the stage actor"
+        assert stats.counters.submitted_requests > sum(r["requests"] for r in written), "no chain was replayed"
+    else:  # the restarted coordinator starts from zero: chains asked it for work, so the kill was mid-job
+        assert stats.counters.submitted_requests > 0, "the coordinator was killed after the chains had finished"
+
+
+def test_a_coordinator_gone_for_good_ends_the_job_with_one_line(ray_address, tmp_path, monkeypatch):
+    import deployments.data_job as data_job
+
+    items, config = toy_job(prompts=2, chains=2, coordinator_max_restarts=0, coordinator_restart_timeout_s=2.0)
+    config = with_engine(config, call_latency_s=0.05)
+    prompts = write_jsonl(tmp_path / "prompts.jsonl", [{"id": i.id, "prompt": i.prompt} for i in items])
+    out = tmp_path / "out"
+
+    def build_and_kill_its_coordinator(*args, **kwargs):  # the job's own processor, its coordinator killed mid-job
+        processor = build_power_sampling_processor(*args, **kwargs)
+        InBackground(lambda: _kill_once_it_serves(processor))
+        return processor
+
+    monkeypatch.setattr(data_job, "build_power_sampling_processor", build_and_kill_its_coordinator)
+    with pytest.raises(data_job.JobFailed) as caught:
+        run_data_job(str(prompts), str(out), config, progress=False)
+    message = str(caught.value)
+    assert "\n" not in message and "coordinator" in message and "rerun to resume" in message, message
+    assert "within 2 s" in message and "coordinator_max_restarts = 0" in message, message
+    assert not list(out.glob(".presto-ray.lock")), "the lock is released when the job fails"
+
+
+def _kill_once_it_serves(processor) -> None:
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            if processor.snapshot().counters.submitted_requests:
+                break
+        except Exception:
+            pass
+        time.sleep(0.02)
+    ray.kill(processor.cluster.coordinator, no_restart=True)
+
+
+def test_cli_ray_sample_and_its_errors(ray_address, tmp_path, capsys):
+    from presto_ray.cli import main
+
+    config = REPO / "configs" / "toy.yaml"
+    out = tmp_path / "out"
+    assert main(["sample", "--ray", "--config", str(config), "--out", str(out), "--quiet"]) == 0
+    printed = capsys.readouterr().out
+    assert f"wrote 8 rows to {out}/ (0 with an error)" in printed and "streamed requests" in printed  # toy.yaml streams
+    assert len(read_samples(out)) == 8
+
+    assert main(["sample", "--ray", "--config", str(config), "--out", str(out), "--seed", "5", "--quiet"]) == 2
+    assert "another sampler configuration" in capsys.readouterr().err
+    assert main(["sample", "--address", "127.0.0.1:1", "--config", str(config)]) == 2
+    assert "--address needs --ray" in capsys.readouterr().err
+    a_file = tmp_path / "file.parquet"
+    a_file.write_text("")
+    assert main(["sample", "--ray", "--config", str(config), "--out", str(a_file), "--quiet"]) == 2
+    assert "is a file" in capsys.readouterr().err
+    missing = tmp_path / "missing.jsonl"
+    assert main(["sample", "--ray", "--config", str(config), "--prompts", str(missing), "--out", str(tmp_path / "o2")]) == 2
+    assert f"{missing}: no such file" in capsys.readouterr().err
+    bad = write_jsonl(tmp_path / "bad.jsonl", [{"id": "q0", "prompt": ""}])
+    assert main(["sample", "--ray", "--fail-fast", "--config", str(config), "--prompts", str(bad), "--out", str(tmp_path / "o3")]) == 2
+    assert "row id='q0': field 'prompt' must be a non-empty string" in capsys.readouterr().err
+
+
+def test_bench_ray_runs_the_data_job_and_checks_its_samples(ray_address, tmp_path):
+    from bench.ray_throughput import format_report, run_ray_bench
+
+    report = run_ray_bench(
+        chain_counts=(2,), policy_chains=0, out_json=tmp_path / "ray.json", out_png=tmp_path / "ray.png",
+        progress=lambda _: None,
+    )  # fmt: skip
+    (row,) = report["rows"]
+    assert row["same_samples"] is True and row["ray_calls"] > 0 and row["share_of_engine"] > 0
+    assert json.loads((tmp_path / "ray.json").read_text())["rows"][0]["chains"] == 2
+    assert (tmp_path / "ray.png").stat().st_size > 0
+    assert "trans/s" in format_report(report)
