@@ -20,7 +20,7 @@ from ray.exceptions import GetTimeoutError, RayActorError
 from actors.chain_actor import drive_chain
 from actors.stream_protocol import StreamLost
 from presto_ray.chain import Chain
-from presto_ray.data_columns import ERROR_COLUMN, OUTPUT_SCHEMA, ColumnNames, error_row
+from presto_ray.data_columns import ERROR_COLUMN, INPUT_KEY_COLUMN, OUTPUT_SCHEMA, ColumnNames, error_row, input_key
 from presto_ray.engines import build_tokenizer
 from presto_ray.job import JobConfig, encode_prompt, engine_identity, input_fingerprint, prompt_seed
 from presto_ray.output import sample_row
@@ -58,8 +58,10 @@ class PowerSamplingStage:
                 sources.append(index)
                 jobs.append(self._error(item, chain, problem) if problem else self._sample(item, prompt, chain))
         out = pa.Table.from_pylist(list(await asyncio.gather(*jobs)), schema=OUTPUT_SCHEMA)
+        keys = [input_key(row, self.columns) for row in rows]
+        out = out.append_column(INPUT_KEY_COLUMN, pa.array([keys[i] for i in sources], pa.string()))
         passthrough = batch.drop_columns([c for c in self.columns.dropped if c in batch.column_names])
-        if clashes := set(passthrough.column_names) & set(OUTPUT_SCHEMA.names):
+        if clashes := set(passthrough.column_names) & {*OUTPUT_SCHEMA.names, INPUT_KEY_COLUMN}:
             raise ValueError(f"input columns {sorted(clashes)} have output columns' names; rename them")
         passthrough = passthrough.take(pa.array(sources, pa.int64()))
         for name in passthrough.column_names:

@@ -5,17 +5,18 @@
 
 Reading, the actor pool, backpressure, progress and writing are Ray Data's; the input is never
 loaded into the driver. Resume is Ray Data's checkpointing (ray.data.checkpoint, Ray >= 2.5x),
-keyed by the prompt id column: a write commits a file and the ids it holds together (two-phase:
+keyed by each row's `input_key` (its id and a digest of its prompt fields): a write commits a file
+and the keys it holds together (two-phase:
 a pending checkpoint, the data file, the commit; a file left by a killed job beside a pending
-checkpoint is deleted on the next run), and the next run's read drops rows whose id is committed.
-All chains of a prompt come out of one batch, hence one block and one file, so "this prompt's id
+checkpoint is deleted on the next run), and the next run's read drops rows whose key is committed
+and refuses a row whose id was committed with other prompt fields (deployments/checkpoint_filter.py).
+All chains of a prompt come out of one batch, hence one block and one file, so "this prompt's key
 is committed" means "each of its (prompt, chain) rows is written once". Two guarantees Ray's
 checkpoint does not give are kept here: one live writer per output folder (`OutputLock`: local
 paths and shared volumes only; object storage has no exclusive create, so a URI output takes no
 lock and one job per output URI is the user's to ensure, docs/ray.md), and a
 refusal to resume a folder written with another sampler config, engine, model or chain count
-(`.presto-ray-job.json`); Ray keys rows by id only, so a prompt whose text changed under the
-same id is skipped, not re-sampled (the `inputs` column still records what each sample used).
+(`.presto-ray-job.json`).
 """
 
 from __future__ import annotations
@@ -33,9 +34,9 @@ from ray.data.checkpoint import CheckpointConfig
 
 from actors.cluster import ensure_ray
 from actors.sampling_stage import BadPromptRow, JobFailed
-from deployments.checkpoint_filter import AnyBlockCheckpointFilter
+from deployments.checkpoint_filter import PromptChanged, content_checkpoint_filter
 from presto_ray.data import ProcessorConfig, build_power_sampling_processor
-from presto_ray.data_columns import ERROR_COLUMN
+from presto_ray.data_columns import ERROR_COLUMN, INPUT_KEY_COLUMN
 from presto_ray.engines.base import CallAccounting
 from presto_ray.job import JobConfig, engine_identity
 from presto_ray.output import OutputLock
@@ -164,17 +165,18 @@ def run_data_job(
             "engine": json.loads(engine_identity(job.engine)),
             "chains_per_prompt": job.chains_per_prompt,
             "id_column": processor_config.columns.id,
+            "checkpoint_key": INPUT_KEY_COLUMN,  # older folders were keyed by id alone
         }
         _check_job_record(fs, out_path, record)
         before = _data_files(fs, out_path)
-        summary = DataJobSummary(skipped=_count(fs, before)[0])
+        summary = DataJobSummary()
         context = ray.data.DataContext.get_current()
         saved = context.checkpoint_config, context.enable_progress_bars
         context.checkpoint_config = CheckpointConfig(
-            id_column=processor_config.columns.id,
+            id_column=INPUT_KEY_COLUMN,
             checkpoint_path=_join(out, CHECKPOINT_DIR),
             delete_checkpoint_on_success=False,  # a rerun of a finished job must find it: nothing to do
-            checkpoint_filter_cls=AnyBlockCheckpointFilter,
+            checkpoint_filter_cls=content_checkpoint_filter(processor_config.columns, out),
         )
         context.enable_progress_bars = progress
         try:
@@ -183,13 +185,16 @@ def run_data_job(
                 try:
                     processor(rows).write_parquet(out_path, filesystem=fs)
                 except Exception as e:  # Ray wraps the stage's errors: surface ours as themselves
-                    raise _cause(e, (BadPromptRow, JobFailed, PromptFileError)) or e
+                    raise _cause(e, (BadPromptRow, JobFailed, PromptFileError, PromptChanged)) or e
                 snapshot = processor.snapshot()
         finally:
             context.checkpoint_config, context.enable_progress_bars = saved
         summary.engine, summary.resent_requests = snapshot.accounting, snapshot.counters.resent_requests
         summary.streamed_requests = snapshot.counters.streamed_requests
-        summary.new_files = sorted(_data_files(fs, out_path) - before)
+        after = _data_files(fs, out_path)
+        summary.new_files = sorted(after - before)
+        # files a killed run left uncommitted are deleted by this run's write: they do not count
+        summary.skipped = _count(fs, before & after)[0]
         rows, summary.errors = _count(fs, summary.new_files)
         summary.samples = rows - summary.errors
     finally:

@@ -143,10 +143,15 @@ def test_a_killed_job_resumes_writing_each_pair_once(ray_address, tmp_path):
     for message, other in refused.items():
         with pytest.raises(ValueError, match=message):
             run_data_job(str(prompts), str(out), other, progress=False)
-    # latency changes no sample; a new prompt is sampled; a prompt edited under the same id is
-    # skipped, not re-sampled (Ray's checkpoint keys rows by id only: the documented limitation)
+    # a prompt edited under the same id is refused by name (the checkpoint keys rows by content),
+    # nothing written; latency changes no sample; a new prompt is sampled
     edited = [{"id": i.id, "prompt": i.prompt + (" (edited)" if i.id == "q0" else "")} for i in items]
-    more = write_jsonl(tmp_path / "more.jsonl", edited + [{"id": "new", "prompt": "a new question"}])
+    files = set(out.glob("*.parquet"))
+    with pytest.raises(ValueError, match=r"prompt id='q0' changed since .* new id"):
+        run_data_job(str(write_jsonl(tmp_path / "edited.jsonl", edited)), str(out), config, progress=False)
+    assert set(out.glob("*.parquet")) == files
+    unchanged = [{"id": i.id, "prompt": i.prompt} for i in items]
+    more = write_jsonl(tmp_path / "more.jsonl", unchanged + [{"id": "new", "prompt": "a new question"}])
     third = run_data_job(str(more), str(out), with_engine(config, call_latency_s=0.0), progress=False)
     assert third.samples == 2 and third.errors == 0 and third.skipped == 16
     rows = read_samples(out).to_pylist()
