@@ -167,7 +167,7 @@ def run_data_job(
         }
         _check_job_record(fs, out_path, record)
         before = _data_files(fs, out_path)
-        summary = DataJobSummary(skipped=_count(fs, before)[0])
+        summary = DataJobSummary()
         context = ray.data.DataContext.get_current()
         saved = context.checkpoint_config, context.enable_progress_bars
         context.checkpoint_config = CheckpointConfig(
@@ -189,7 +189,10 @@ def run_data_job(
             context.checkpoint_config, context.enable_progress_bars = saved
         summary.engine, summary.resent_requests = snapshot.accounting, snapshot.counters.resent_requests
         summary.streamed_requests = snapshot.counters.streamed_requests
-        summary.new_files = sorted(_data_files(fs, out_path) - before)
+        after = _data_files(fs, out_path)
+        summary.new_files = sorted(after - before)
+        # files a killed run left uncommitted are deleted by this run's write: they do not count
+        summary.skipped = _count(fs, before & after)[0]
         rows, summary.errors = _count(fs, summary.new_files)
         summary.samples = rows - summary.errors
     finally:
