@@ -142,14 +142,12 @@ class SamplingCluster:
         if self.autoscaler is not None:
             self.autoscaler.stop()
             self.autoscaler = None
-        owned = [r for i, r in enumerate(self.replicas) if i not in self.stopped] if self._owns_replicas else []
-        for replica in owned:
-            try:
-                ray.get(replica.shutdown.remote(), timeout=60)
-            except Exception:  # already dead: nothing to free
-                pass
-        for actor in [*(self.coordinators.handles if self.coordinators else []), *owned]:
+        for actor in self.coordinators.handles if self.coordinators else []:
             ray.kill(actor, no_restart=True)
+        if self._owns_replicas:
+            for i, replica in enumerate(self.replicas):
+                if i not in self.stopped:
+                    self._stop_replica(replica)
         if self._placement_group is not None:
             ray.util.remove_placement_group(self._placement_group)
         self.coordinators, self._placement_group = None, None

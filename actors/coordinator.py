@@ -92,6 +92,7 @@ class Coordinator:
         # when each active chain last called: one silent past chain_idle_timeout_s stops holding
         # rounds back (its driver vanished without a word); its next call makes it active again
         self.last_call: dict[object, float] = {}
+        self._next_expiry_scan = 0.0
         self.stats = CoordinatorCounters()
         self.accounting = CallAccounting()  # every call's cost, as the replicas measured it
         self.metrics = CoordinatorMetrics()
@@ -175,8 +176,7 @@ class Coordinator:
             self.finished.popitem(last=False)
         self.stats.chains_finished += 1
         self.metrics.chains_active.set(len(self.active_chains))
-        if self._wake is not None:
-            self._wake.set()  # the remaining chains may now all be waiting
+        self._poke()  # the remaining chains may now all be waiting
 
     def _activate(self, chain_id) -> None:
         self.active_chains.add(chain_id)
@@ -192,6 +192,9 @@ class Coordinator:
     def _expire_silent_chains(self, now: float) -> None:
         """Chains that have not called for `chain_idle_timeout_s`, with no call in flight and no
         open stream, stop counting as active (a driver lost without a word)."""
+        if now < self._next_expiry_scan:
+            return  # scanned lately: the dispatch loop runs this on every wake-up
+        self._next_expiry_scan = now + min(1.0, self.settings.chain_idle_timeout_s / 4)
         limit = now - self.settings.chain_idle_timeout_s
         silent = [
             c for c in self.active_chains
@@ -216,8 +219,7 @@ class Coordinator:
         self.replica_ids.append(cluster_index)
         self.num_cluster_replicas = max(self.num_cluster_replicas, cluster_index + 1)
         await self.streams.replicas_changed()
-        if self._wake is not None:
-            self._wake.set()
+        self._poke()
 
     async def retire_replica(self, cluster_index: int) -> None:
         """Send replica `cluster_index` no new work; what it queued goes to the others."""
@@ -228,8 +230,7 @@ class Coordinator:
         for item in stranded:
             self._enqueue(item, avoid=i)
         await self.streams.replicas_changed()
-        if self._wake is not None:
-            self._wake.set()
+        self._poke()
 
     def replica_indices(self) -> list[int]:
         """The cluster indices of the replicas this coordinator drives (retiring and retired too)."""
@@ -276,6 +277,11 @@ class Coordinator:
         adding or losing a replica moves only the prompts it held."""
         order = rendezvous_order(prefix_key(request.prompt_token_ids, self.settings.affinity_tokens), len(self.replicas))
         return [i for i in order if i not in self.retired] if self.retired else order
+
+    def _poke(self) -> None:
+        """Wake the dispatch loop (once it runs) to look at the queues again."""
+        if self._wake is not None:
+            self._wake.set()
 
     def _available(self, i: int) -> bool:
         return self.healthy[i] and i not in self.retiring
@@ -419,8 +425,7 @@ class Coordinator:
                 await asyncio.sleep(0.5)
                 continue
             self.healthy[i] = True
-            if self._wake is not None:
-                self._wake.set()
+            self._poke()
             return
         if not any(self.healthy):  # nobody left to serve the queue: fail it rather than hang
             for queue in self.queues:

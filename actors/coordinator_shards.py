@@ -6,8 +6,9 @@ replicas by), so deduplication and prefix-cache affinity work within a shard exa
 
 from __future__ import annotations
 
+import asyncio
 import zlib
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from actors.coordinator_stats import CoordinatorSnapshot
 
@@ -50,6 +51,14 @@ class CoordinatorShards:
     def for_prompt(self, prompt_token_ids: Sequence[int]):
         """The coordinator that serves every chain of this prompt."""
         return self.handles[self.index_for(prompt_token_ids)]
+
+    async def register_chains(self, chains: Iterable[tuple[Sequence[int], object]]) -> None:
+        """(prompt token ids, chain id) pairs about to start, each told to its prompt's shard: the
+        first dispatch then waits for all their plans, so a batch's first round is one call."""
+        by_shard: dict[int, list] = {}
+        for prompt_token_ids, chain_id in chains:
+            by_shard.setdefault(self.index_for(prompt_token_ids), []).append(chain_id)
+        await asyncio.gather(*(self.handles[i].register_chains.remote(ids) for i, ids in by_shard.items()))
 
     async def snapshot(self) -> CoordinatorSnapshot:
         """Every shard's figures, combined (per-replica lists indexed by the cluster's replica)."""

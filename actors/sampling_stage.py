@@ -52,11 +52,15 @@ class PowerSamplingStage:
     async def __call__(self, batch: pa.Table) -> pa.Table:
         rows = batch.select([c for c in self.columns.prompt_fields if c in batch.column_names]).to_pylist()
         jobs, sources = [], []  # one coroutine per output row, and the input row it came from
+        starting = []  # (prompt, chain id) of the chains this batch samples
         for index, row in enumerate(rows):
             item, prompt, problem = self._prompt(row)
             for chain in range(self.config.chains_per_prompt):
                 sources.append(index)
                 jobs.append(self._error(item, chain, problem) if problem else self._sample(item, prompt, chain))
+                if not problem:
+                    starting.append((prompt, (item.id, chain)))
+        await self._register(starting)
         out = pa.Table.from_pylist(list(await asyncio.gather(*jobs)), schema=OUTPUT_SCHEMA)
         keys = [input_key(row, self.columns) for row in rows]
         out = out.append_column(INPUT_KEY_COLUMN, pa.array([keys[i] for i in sources], pa.string()))
@@ -67,6 +71,14 @@ class PowerSamplingStage:
         for name in passthrough.column_names:
             out = out.append_column(passthrough.schema.field(name), passthrough.column(name))
         return out
+
+    async def _register(self, starting: list) -> None:
+        """Tell the coordinators which chains start now, so their first plans merge into one call.
+        Only an optimization: with the coordinator restarting, the chains join as they plan."""
+        try:
+            await self.coordinators.register_chains(starting)
+        except RayActorError:
+            pass
 
     def _prompt(self, row: dict) -> tuple[PromptItem | None, list[int] | None, str | None]:
         """The row's prompt and token ids, or why it cannot be sampled."""

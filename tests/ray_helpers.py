@@ -81,6 +81,7 @@ def drive_pairs(cluster, items, config: JobConfig) -> tuple[list[dict], list]:
             work.append((item, chain, prompt, sampler))
 
     async def run():
+        await cluster.coordinators.register_chains([(p, (i.id, c)) for i, c, p, _ in work])  # as the stage does
         return await asyncio.gather(*(
             drive_chain(cluster.coordinators.for_prompt(p), (i.id, c), Chain(p, s, tokenizer.eos_token_id))
             for i, c, p, s in work
