@@ -2,8 +2,10 @@
 
 The job's checkpoint keys written rows by `input_key` (the row's id and a digest of its prompt
 fields, presto_ray/data_columns.py), which input rows do not carry: this filter computes it for
-each row read, drops the rows already written, and refuses a row whose id was written with other
-prompt fields (a prompt edited under the same id would otherwise keep its old sample silently).
+each row read, drops the rows already written, and marks a row whose id was written with other
+prompt fields (PROMPT_CHANGED_COLUMN): the stage gives it an error row, so an edited prompt
+neither keeps its old sample silently nor gets a second, different one under the same id. (Raising
+here instead would fail the whole streamed job part-way, with Ray Data's internal-error banner.)
 
 Ray's `NumpyArrayBasedCheckpointFilter` (2.60) also assumes Arrow blocks, but the JSON-lines reader
 yields pandas blocks (it keeps rows whose fields have mixed types, which we want: such a row gets
@@ -17,15 +19,11 @@ import pyarrow
 from ray.data.block import BlockAccessor
 from ray.data.checkpoint import NumpyArrayBasedCheckpointFilter
 
-from presto_ray.data_columns import ColumnNames, input_key, key_id
+from presto_ray.data_columns import PROMPT_CHANGED_COLUMN, ColumnNames, input_key, key_id
 
 
-class PromptChanged(ValueError):
-    """A prompt id the output folder holds samples for comes back with other prompt fields."""
-
-
-def content_checkpoint_filter(columns: ColumnNames, out: str) -> type:
-    """The filter class for a job reading `columns` and writing to `out` (Ray builds it from a class)."""
+def content_checkpoint_filter(columns: ColumnNames) -> type:
+    """The filter class for a job reading `columns` (Ray builds it from a class)."""
 
     class ContentKeyCheckpointFilter(NumpyArrayBasedCheckpointFilter):
         def __init__(self, checkpoint_config, checkpoint_ref) -> None:
@@ -34,17 +32,13 @@ def content_checkpoint_filter(columns: ColumnNames, out: str) -> type:
 
         def filter_rows_for_block(self, block):
             table = block if isinstance(block, pyarrow.Table) else BlockAccessor.for_block(block).to_arrow()
-            if len(table) == 0 or self.checkpointed_ids.shape[0] == 0:
-                return table
+            if self.checkpointed_ids.shape[0] == 0:
+                return table  # a first run: every block as read, with no mark column
             present = [c for c in columns.prompt_fields if c in table.column_names]
             keys = [input_key(row, columns) for row in table.select(present).to_pylist()]
             done = np.isin(np.array(keys, dtype=object), self.checkpointed_ids.astype(object))
-            for key, written in zip(keys, done):
-                if not written and key_id(key) in self.written_ids:
-                    raise PromptChanged(
-                        f"prompt {columns.id}={key_id(key)!r} changed since {out} sampled it; give the edited "
-                        "prompt a new id, or write to a new output folder"
-                    )
-            return table.filter(pyarrow.array(~done))
+            changed = [not written and key_id(key) in self.written_ids for key, written in zip(keys, done)]
+            table = table.append_column(PROMPT_CHANGED_COLUMN, pyarrow.array(changed, pyarrow.bool_()))
+            return table.filter(pyarrow.array(~done, pyarrow.bool_()))
 
     return ContentKeyCheckpointFilter

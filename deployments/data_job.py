@@ -9,7 +9,8 @@ keyed by each row's `input_key` (its id and a digest of its prompt fields): a wr
 and the keys it holds together (two-phase:
 a pending checkpoint, the data file, the commit; a file left by a killed job beside a pending
 checkpoint is deleted on the next run), and the next run's read drops rows whose key is committed
-and refuses a row whose id was committed with other prompt fields (deployments/checkpoint_filter.py).
+and marks a row whose id was committed with other prompt fields, which the stage turns into an
+error row (deployments/checkpoint_filter.py).
 All chains of a prompt come out of one batch, hence one block and one file, so "this prompt's key
 is committed" means "each of its (prompt, chain) rows is written once". Two guarantees Ray's
 checkpoint does not give are kept here: one live writer per output folder (`OutputLock`: local
@@ -21,6 +22,7 @@ refusal to resume a folder written with another sampler config, engine, model or
 
 from __future__ import annotations
 
+import gc
 import json
 import re
 import time
@@ -34,7 +36,7 @@ from ray.data.checkpoint import CheckpointConfig
 
 from actors.cluster import ensure_ray
 from actors.sampling_stage import BadPromptRow, JobFailed
-from deployments.checkpoint_filter import PromptChanged, content_checkpoint_filter
+from deployments.checkpoint_filter import content_checkpoint_filter
 from presto_ray.data import ProcessorConfig, build_power_sampling_processor
 from presto_ray.data_columns import ERROR_COLUMN, INPUT_KEY_COLUMN
 from presto_ray.engines.base import CallAccounting
@@ -176,16 +178,24 @@ def run_data_job(
             id_column=INPUT_KEY_COLUMN,
             checkpoint_path=_join(out, CHECKPOINT_DIR),
             delete_checkpoint_on_success=False,  # a rerun of a finished job must find it: nothing to do
-            checkpoint_filter_cls=content_checkpoint_filter(processor_config.columns, out),
+            checkpoint_filter_cls=content_checkpoint_filter(processor_config.columns),
         )
         context.enable_progress_bars = progress
         try:
             rows = read_prompt_rows(prompts)  # after the checkpoint config: the read filters done ids
             with build_power_sampling_processor(processor_config, address=address, replicas=replicas) as processor:
+                failure = None
                 try:
                     processor(rows).write_parquet(out_path, filesystem=fs)
                 except Exception as e:  # Ray wraps the stage's errors: surface ours as themselves
-                    raise _cause(e, (BadPromptRow, JobFailed, PromptFileError, PromptChanged)) or e
+                    failure = _cause(e, (BadPromptRow, JobFailed, PromptFileError)) or e
+                if failure is not None:
+                    # raised out here, not in the handler (whose exception would become its
+                    # __context__): Ray's exception holds the failed execution, whose actor pools
+                    # keep their CPUs until it is collected, and the next job in this process (a
+                    # rerun, a test) would wait for them
+                    gc.collect()
+                    raise failure
                 snapshot = processor.snapshot()
         finally:
             context.checkpoint_config, context.enable_progress_bars = saved
@@ -214,9 +224,11 @@ def _cause(error: BaseException, kinds: tuple[type, ...]) -> BaseException | Non
     traceback in the message still names it (as "module.Class: message")."""
     text = str(error)
     for kind in kinds:
-        if isinstance(error, kind):
-            return error
+        # rebuilt even when `error` is one (Ray's RayTaskError(kind) is): a fresh exception does not
+        # hold the failed execution's frames
         found = re.findall(rf"^{re.escape(kind.__module__)}\.{kind.__qualname__}: (.+)$", text, re.MULTILINE)
         if found:
             return kind(found[-1])
+        if type(error) is kind:
+            return error
     return None

@@ -15,6 +15,9 @@ ERROR_COLUMN = "error"
 # id and a digest of the row's prompt fields: what Ray Data's checkpoint keys written rows by, so a
 # prompt edited under the same id is noticed on resume instead of silently keeping the old sample
 INPUT_KEY_COLUMN = "input_key"
+# set by the resuming job's checkpoint filter on a row whose id the output holds with other prompt
+# fields: the stage gives it an error instead of a second, different sample under the same id
+PROMPT_CHANGED_COLUMN = "_presto_prompt_changed"
 # The sample columns, then why a row has no sample (null for good rows).
 OUTPUT_SCHEMA = SAMPLE_SCHEMA.append(pa.field(ERROR_COLUMN, pa.string()))
 
@@ -34,8 +37,9 @@ class ColumnNames(BaseModel):
     @property
     def dropped(self) -> tuple[str, ...]:
         """Input columns not copied to the output: the prompt itself (the `inputs` hash keys it),
-        and the id when it has an output column's name (`prompt_id` holds it)."""
-        return (self.prompt, self.messages) + ((self.id,) if self.id in OUTPUT_SCHEMA.names else ())
+        the checkpoint filter's mark, and the id when it has an output column's name (`prompt_id`
+        holds it)."""
+        return (self.prompt, self.messages, PROMPT_CHANGED_COLUMN) + ((self.id,) if self.id in OUTPUT_SCHEMA.names else ())
 
 
 def input_key(row: dict, names: ColumnNames) -> str:
