@@ -20,7 +20,15 @@ from ray.exceptions import GetTimeoutError, RayActorError
 from actors.chain_actor import drive_chain
 from actors.stream_protocol import StreamLost
 from presto_ray.chain import Chain
-from presto_ray.data_columns import ERROR_COLUMN, OUTPUT_SCHEMA, ColumnNames, error_row
+from presto_ray.data_columns import (
+    ERROR_COLUMN,
+    INPUT_KEY_COLUMN,
+    OUTPUT_SCHEMA,
+    PROMPT_CHANGED_COLUMN,
+    ColumnNames,
+    error_row,
+    input_key,
+)
 from presto_ray.engines import build_tokenizer
 from presto_ray.job import JobConfig, encode_prompt, engine_identity, input_fingerprint, prompt_seed
 from presto_ray.output import sample_row
@@ -50,7 +58,8 @@ class PowerSamplingStage:
         self.context = self.config.engine.context_length
 
     async def __call__(self, batch: pa.Table) -> pa.Table:
-        rows = batch.select([c for c in self.columns.prompt_fields if c in batch.column_names]).to_pylist()
+        read = [c for c in (*self.columns.prompt_fields, PROMPT_CHANGED_COLUMN) if c in batch.column_names]
+        rows = batch.select(read).to_pylist()
         jobs, sources = [], []  # one coroutine per output row, and the input row it came from
         starting = []  # (prompt, chain id) of the chains this batch samples
         for index, row in enumerate(rows):
@@ -62,8 +71,10 @@ class PowerSamplingStage:
                     starting.append((prompt, (item.id, chain)))
         await self._register(starting)
         out = pa.Table.from_pylist(list(await asyncio.gather(*jobs)), schema=OUTPUT_SCHEMA)
+        keys = [input_key(row, self.columns) for row in rows]
+        out = out.append_column(INPUT_KEY_COLUMN, pa.array([keys[i] for i in sources], pa.string()))
         passthrough = batch.drop_columns([c for c in self.columns.dropped if c in batch.column_names])
-        if clashes := set(passthrough.column_names) & set(OUTPUT_SCHEMA.names):
+        if clashes := set(passthrough.column_names) & {*OUTPUT_SCHEMA.names, INPUT_KEY_COLUMN}:
             raise ValueError(f"input columns {sorted(clashes)} have output columns' names; rename them")
         passthrough = passthrough.take(pa.array(sources, pa.int64()))
         for name in passthrough.column_names:
@@ -90,6 +101,11 @@ class PowerSamplingStage:
         if standard["id"] is None or str(standard["id"]) == "":
             # no id, no key: the chains' seeds and the checkpoint both need one
             raise BadPromptRow(f"{where}: field '{names.id}' is missing or empty; every row needs an id")
+        if row.get(PROMPT_CHANGED_COLUMN):
+            return PromptItem(str(standard["id"])), None, self._bad(
+                f"{where}: its prompt changed since this output folder sampled that id (the old samples stay); "
+                "give the edited prompt a new id, or write to a new output folder"
+            )
         try:
             item = parse_prompt_row(standard, where)
             prompt = encode_prompt(self.tokenizer, item)

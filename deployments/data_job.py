@@ -5,21 +5,24 @@
 
 Reading, the actor pool, backpressure, progress and writing are Ray Data's; the input is never
 loaded into the driver. Resume is Ray Data's checkpointing (ray.data.checkpoint, Ray >= 2.5x),
-keyed by the prompt id column: a write commits a file and the ids it holds together (two-phase:
+keyed by each row's `input_key` (its id and a digest of its prompt fields): a write commits a file
+and the keys it holds together (two-phase:
 a pending checkpoint, the data file, the commit; a file left by a killed job beside a pending
-checkpoint is deleted on the next run), and the next run's read drops rows whose id is committed.
-All chains of a prompt come out of one batch, hence one block and one file, so "this prompt's id
+checkpoint is deleted on the next run), and the next run's read drops rows whose key is committed
+and marks a row whose id was committed with other prompt fields, which the stage turns into an
+error row (deployments/checkpoint_filter.py).
+All chains of a prompt come out of one batch, hence one block and one file, so "this prompt's key
 is committed" means "each of its (prompt, chain) rows is written once". Two guarantees Ray's
 checkpoint does not give are kept here: one live writer per output folder (`OutputLock`: local
 paths and shared volumes only; object storage has no exclusive create, so a URI output takes no
 lock and one job per output URI is the user's to ensure, docs/ray.md), and a
 refusal to resume a folder written with another sampler config, engine, model or chain count
-(`.presto-ray-job.json`); Ray keys rows by id only, so a prompt whose text changed under the
-same id is skipped, not re-sampled (the `inputs` column still records what each sample used).
+(`.presto-ray-job.json`).
 """
 
 from __future__ import annotations
 
+import gc
 import json
 import re
 import time
@@ -33,9 +36,9 @@ from ray.data.checkpoint import CheckpointConfig
 
 from actors.cluster import ensure_ray
 from actors.sampling_stage import BadPromptRow, JobFailed
-from deployments.checkpoint_filter import AnyBlockCheckpointFilter
+from deployments.checkpoint_filter import content_checkpoint_filter
 from presto_ray.data import ProcessorConfig, build_power_sampling_processor
-from presto_ray.data_columns import ERROR_COLUMN
+from presto_ray.data_columns import ERROR_COLUMN, INPUT_KEY_COLUMN
 from presto_ray.engines.base import CallAccounting
 from presto_ray.job import JobConfig, engine_identity
 from presto_ray.output import OutputLock
@@ -164,6 +167,7 @@ def run_data_job(
             "engine": json.loads(engine_identity(job.engine)),
             "chains_per_prompt": job.chains_per_prompt,
             "id_column": processor_config.columns.id,
+            "checkpoint_key": INPUT_KEY_COLUMN,  # older folders were keyed by id alone
         }
         _check_job_record(fs, out_path, record)
         before = _data_files(fs, out_path)
@@ -171,19 +175,27 @@ def run_data_job(
         context = ray.data.DataContext.get_current()
         saved = context.checkpoint_config, context.enable_progress_bars
         context.checkpoint_config = CheckpointConfig(
-            id_column=processor_config.columns.id,
+            id_column=INPUT_KEY_COLUMN,
             checkpoint_path=_join(out, CHECKPOINT_DIR),
             delete_checkpoint_on_success=False,  # a rerun of a finished job must find it: nothing to do
-            checkpoint_filter_cls=AnyBlockCheckpointFilter,
+            checkpoint_filter_cls=content_checkpoint_filter(processor_config.columns),
         )
         context.enable_progress_bars = progress
         try:
             rows = read_prompt_rows(prompts)  # after the checkpoint config: the read filters done ids
             with build_power_sampling_processor(processor_config, address=address, replicas=replicas) as processor:
+                failure = None
                 try:
                     processor(rows).write_parquet(out_path, filesystem=fs)
                 except Exception as e:  # Ray wraps the stage's errors: surface ours as themselves
-                    raise _cause(e, (BadPromptRow, JobFailed, PromptFileError)) or e
+                    failure = _cause(e, (BadPromptRow, JobFailed, PromptFileError)) or e
+                if failure is not None:
+                    # raised out here, not in the handler (whose exception would become its
+                    # __context__): Ray's exception holds the failed execution, whose actor pools
+                    # keep their CPUs until it is collected, and the next job in this process (a
+                    # rerun, a test) would wait for them
+                    gc.collect()
+                    raise failure
                 snapshot = processor.snapshot()
         finally:
             context.checkpoint_config, context.enable_progress_bars = saved
@@ -212,9 +224,11 @@ def _cause(error: BaseException, kinds: tuple[type, ...]) -> BaseException | Non
     traceback in the message still names it (as "module.Class: message")."""
     text = str(error)
     for kind in kinds:
-        if isinstance(error, kind):
-            return error
+        # rebuilt even when `error` is one (Ray's RayTaskError(kind) is): a fresh exception does not
+        # hold the failed execution's frames
         found = re.findall(rf"^{re.escape(kind.__module__)}\.{kind.__qualname__}: (.+)$", text, re.MULTILINE)
         if found:
             return kind(found[-1])
+        if type(error) is kind:
+            return error
     return None

@@ -143,17 +143,24 @@ def test_a_killed_job_resumes_writing_each_pair_once(ray_address, tmp_path):
     for message, other in refused.items():
         with pytest.raises(ValueError, match=message):
             run_data_job(str(prompts), str(out), other, progress=False)
-    # latency changes no sample; a new prompt is sampled; a prompt edited under the same id is
-    # skipped, not re-sampled (Ray's checkpoint keys rows by id only: the documented limitation)
+    # a prompt edited under the same id (the checkpoint keys rows by content) gets an error row per
+    # chain, the job goes on, and its old samples stay; latency changes no sample; a new prompt is sampled
     edited = [{"id": i.id, "prompt": i.prompt + (" (edited)" if i.id == "q0" else "")} for i in items]
-    more = write_jsonl(tmp_path / "more.jsonl", edited + [{"id": "new", "prompt": "a new question"}])
+    flagged = run_data_job(str(write_jsonl(tmp_path / "edited.jsonl", edited)), str(out), config, progress=False)
+    assert flagged.samples == 0 and flagged.errors == 2 and flagged.skipped == 16
+    errors = [r for r in read_samples(out).to_pylist() if r["error"]]
+    assert sorted(r["chain"] for r in errors) == [0, 1] and {r["prompt_id"] for r in errors} == {"q0"}
+    assert all("prompt changed since this output folder sampled that id" in r["error"] for r in errors)
+    unchanged = [{"id": i.id, "prompt": i.prompt} for i in items]
+    more = write_jsonl(tmp_path / "more.jsonl", unchanged + [{"id": "new", "prompt": "a new question"}])
     third = run_data_job(str(more), str(out), with_engine(config, call_latency_s=0.0), progress=False)
-    assert third.samples == 2 and third.errors == 0 and third.skipped == 16
-    rows = read_samples(out).to_pylist()
+    assert third.samples == 2 and third.errors == 0 and third.skipped == 18
+    rows = [r for r in read_samples(out).to_pylist() if r["error"] is None]
     assert sorted((r["prompt_id"], r["chain"]) for r in rows if r["prompt_id"] in ("q0", "new")) == [
         ("new", 0), ("new", 1), ("q0", 0), ("q0", 1)
     ]  # fmt: skip
     assert_same_samples([r for r in rows if r["prompt_id"] != "new"], reference(items, config))
+    assert len({r["input_key"] for r in rows}) == 9 and all(r["input_key"].startswith(f"{r['prompt_id']}#") for r in rows)
 
 
 DRIVER = """
@@ -204,16 +211,22 @@ def test_driver_memory_does_not_grow_with_the_input(ray_address, tmp_path):
     assert peak_large - peak_small < 128, rss
 
 
-def _stage_actors() -> list[dict]:
-    """The live actors of the power-sampling stage (Ray Data names their class after the operator)."""
+def _stage_actors(since_ms: float) -> list[dict]:
+    """This driver's live actors of the power-sampling stage started since `since_ms` (Ray Data
+    names their class after the operator): not an earlier test's, whose driver (a CLI job) or
+    Dataset may not be reaped yet."""
     from ray._private.state import actors
 
-    return [a for a in actors(actor_state_name="ALIVE").values() if "PowerSamplingStage" in a["ActorClassName"]]
+    job = ray.get_runtime_context().get_job_id()
+    return [
+        a for a in actors(actor_state_name="ALIVE").values()
+        if "PowerSamplingStage" in a["ActorClassName"] and a["JobID"] == job and a["StartTime"] >= since_ms
+    ]  # fmt: skip
 
 
-def _sigkill_a_stage_actor(processor) -> dict:
+def _sigkill_a_stage_actor(since_ms: float) -> dict:
     deadline = time.monotonic() + 120
-    while not (found := _stage_actors()) and time.monotonic() < deadline:
+    while not (found := _stage_actors(since_ms)) and time.monotonic() < deadline:
         time.sleep(0.02)
     assert found, "no stage actor was ever alive"
     os.kill(found[0]["Pid"], signal.SIGKILL)  # a crash, not a polite ray.kill
@@ -236,13 +249,14 @@ def test_a_killed_actor_changes_no_sample(ray_address, tmp_path, victim, schedul
     rows = [{"id": item.id, "prompt": item.prompt} for item in items]
     out = tmp_path / "out"
     # one stage actor: it holds both batches (batches_per_actor 4), so killing it loses chains
+    started_ms = time.time() * 1000
     with build_power_sampling_processor(config, concurrency=1, batch_size=2) as processor:
         job = InBackground(lambda: processor(ray.data.from_items(rows)).write_parquet(str(out)))
         deadline = time.monotonic() + 120
         while processor.snapshot().counters.submitted_requests < 8 and time.monotonic() < deadline:
             time.sleep(0.02)  # the chains are running
         if victim == "stage-actor":
-            killed = _sigkill_a_stage_actor(processor)
+            killed = _sigkill_a_stage_actor(started_ms)
         else:
             ray.kill(processor.cluster.coordinator, no_restart=False)
         job.result()
