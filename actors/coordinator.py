@@ -32,6 +32,7 @@ from actors.batching import BatchingPolicy, fair_take, request_group
 from actors.coordinator_shards import prefix_key, rendezvous_order
 from actors.coordinator_stats import CoordinatorCounters, CoordinatorSnapshot
 from actors.metrics import CoordinatorMetrics
+from actors.replica_choice import choose_replica
 from actors.stream_protocol import ChainActions, ChainUpdate
 from actors.stream_router import StreamRouter
 from presto_ray.engines.base import CallAccounting, Completion, ProposalRequest
@@ -159,7 +160,7 @@ class Coordinator:
             self._caller_cancelled(chain_id)
             raise
 
-    def register_chains(self, chain_ids: list) -> None:
+    async def register_chains(self, chain_ids: list) -> None:
         """Chains about to start: the first dispatch waits (up to the window) for their plans too."""
         for chain_id in chain_ids:
             self.finished.pop(chain_id, None)  # a replayed chain starts again
@@ -179,7 +180,10 @@ class Coordinator:
         self._poke()  # the remaining chains may now all be waiting
 
     def _activate(self, chain_id) -> None:
+        self._start()  # the dispatch loop also expires active chains that fall silent
         self.active_chains.add(chain_id)
+        if len(self.active_chains) == 1:
+            self._poke()  # the loop may sleep with no timer: it has had no chain to scan
         self.last_call[chain_id] = time.monotonic()
         self.metrics.chains_active.set(len(self.active_chains))
 
@@ -251,7 +255,6 @@ class Coordinator:
     def snapshot(self) -> CoordinatorSnapshot:
         """Counters, call costs and per-replica state (copies: the caller may keep them), the
         per-replica lists indexed by the cluster's replica index."""
-        self._expire_silent_chains(time.monotonic())
         return CoordinatorSnapshot(
             counters=CoordinatorCounters(**vars(self.stats)),
             accounting=CallAccounting(**vars(self.accounting)),
@@ -291,12 +294,10 @@ class Coordinator:
 
     def _enqueue(self, item: _Queued, avoid: int | None = None) -> None:
         ranking = self._ranking(item.request)
-        candidates = [i for i in ranking if self._available(i) and i != avoid] or [
-            i for i in ranking if self._available(i)
-        ] or [i for i in ranking if self.healthy[i]] or ranking
-        target, idlest = candidates[0], min(candidates, key=self._load)
-        if self._load(target) > self._load(idlest) + self.settings.affinity_slack:
-            target = idlest
+        target = choose_replica(
+            ranking, self._load, available=self._available, healthy=self.healthy.__getitem__,
+            slack=self.settings.affinity_slack, avoid=avoid,
+        )  # fmt: skip
         if target != ranking[0]:
             self.stats.affinity_misses += 1
         self.queues[target].append(item)
@@ -319,6 +320,8 @@ class Coordinator:
             # only queues that could dispatch now need a timer; the others wait for a call to end
             oldest = [q[0].enqueued for i, q in enumerate(self.queues) if q and self._can_call(i)]
             deadline = self.policy.next_deadline(self._last_activity, min(oldest, default=None))
+            if self.active_chains:  # wake for the next silent-chain scan too (at most once a second)
+                deadline = self._next_expiry_scan if deadline is None else min(deadline, self._next_expiry_scan)
             timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
             try:
                 await asyncio.wait_for(self._wake.wait(), timeout)

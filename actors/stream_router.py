@@ -28,6 +28,7 @@ from ray.exceptions import RayActorError
 
 from actors.batching import fair_competitors, request_group
 from actors.coordinator_stats import CoordinatorCounters
+from actors.replica_choice import choose_replica
 from actors.stream_protocol import (
     ChainActions,
     ChainEvent,
@@ -169,12 +170,10 @@ class StreamRouter:
 
     def _place(self, stream: _Stream, avoid: int | None = None) -> None:
         ranking = self._ranking(stream.request)
-        candidates = [i for i in ranking if self._available(i) and i != avoid] or [
-            i for i in ranking if self._available(i)
-        ] or [i for i in ranking if self.healthy[i]] or ranking
-        target, idlest = candidates[0], min(candidates, key=self.live.__getitem__)
-        if self.live[target] > self.live[idlest] + self.affinity_slack:
-            target = idlest
+        target = choose_replica(
+            ranking, self.live.__getitem__, available=self._available, healthy=self.healthy.__getitem__,
+            slack=self.affinity_slack, avoid=avoid,
+        )  # fmt: skip
         if target != ranking[0]:
             self.counters.affinity_misses += 1
         stream.replica = target
