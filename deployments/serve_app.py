@@ -203,7 +203,8 @@ class PrestoIngress:
         coordinator = (await self.coordinators()).for_prompt(prepared.prompt_ids)
         chains = [Chain(prepared.prompt_ids, config, self.tokenizer.eos_token_id) for config in prepared.configs]
         # not pre-registered with the coordinator (as batch jobs do): a request cancelled before its
-        # chains start would leave them registered for good; the n chains' first plans arrive together
+        # chains start would leave them holding rounds back until chain_idle_timeout_s; the n
+        # chains' first plans arrive together anyway
         ids = [(prepared.id, i) for i in range(len(chains))]
         if prepared.stream:
             return StreamingResponse(self._stream(coordinator, prepared, chains, ids), media_type="text/event-stream")
