@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import gc
 import json
+import logging
 import re
 import time
 from dataclasses import dataclass, field
@@ -173,7 +174,8 @@ def run_data_job(
         before = _data_files(fs, out_path)
         summary = DataJobSummary()
         context = ray.data.DataContext.get_current()
-        saved = context.checkpoint_config, context.enable_progress_bars
+        data_logger = logging.getLogger("ray.data")
+        saved = context.checkpoint_config, context.enable_progress_bars, data_logger.level
         context.checkpoint_config = CheckpointConfig(
             id_column=INPUT_KEY_COLUMN,
             checkpoint_path=_join(out, CHECKPOINT_DIR),
@@ -181,6 +183,8 @@ def run_data_job(
             checkpoint_filter_cls=content_checkpoint_filter(processor_config.columns),
         )
         context.enable_progress_bars = progress
+        if not progress:  # quiet: Ray Data's own INFO lines (execution start, plan, finish) too
+            data_logger.setLevel(logging.WARNING)
         try:
             rows = read_prompt_rows(prompts)  # after the checkpoint config: the read filters done ids
             with build_power_sampling_processor(processor_config, address=address, replicas=replicas) as processor:
@@ -198,7 +202,8 @@ def run_data_job(
                     raise failure
                 snapshot = processor.snapshot()
         finally:
-            context.checkpoint_config, context.enable_progress_bars = saved
+            context.checkpoint_config, context.enable_progress_bars, level = saved
+            data_logger.setLevel(level)
         summary.engine, summary.resent_requests = snapshot.accounting, snapshot.counters.resent_requests
         summary.streamed_requests = snapshot.counters.streamed_requests
         after = _data_files(fs, out_path)
