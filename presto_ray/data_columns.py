@@ -46,7 +46,8 @@ def input_key(row: dict, names: ColumnNames) -> str:
     """`<id>#<digest of the prompt and messages fields>`, from a row as Arrow's `to_pylist` gives
     it (the stage and the checkpoint filter both read rows that way, so they agree)."""
     fields = [row.get(names.prompt), row.get(names.messages)]
-    text = json.dumps(fields, sort_keys=True, ensure_ascii=False, default=repr)
+    # ASCII escapes: a lone surrogate (a bad row, which gets its own error) still has a key
+    text = json.dumps(fields, sort_keys=True, default=repr)
     return f"{row.get(names.id)}#{hashlib.sha256(text.encode()).hexdigest()[:24]}"
 
 
