@@ -462,10 +462,12 @@ def test_fuzzed_bodies_get_a_result_or_an_api_error():
 
 def test_the_vllm_context_leaves_room_for_the_scoring_pass():
     """prompt + max_tokens == max_model_len passed before, then vLLM refused the scoring pass
-    (prompt + completion + 1 tokens): a 500. The spec's context is one token less, so it is a 400."""
+    (prompt + completion + 1 tokens): a 500. With a scoring pass the spec's context is one token
+    less, so it is a 400; with log p0 from the sampler it is max_model_len."""
     from presto_ray.engines.specs import VLLMEngineConfig
 
-    context = VLLMEngineConfig(max_model_len=64).context_length
+    assert VLLMEngineConfig(max_model_len=64).context_length == 64
+    context = VLLMEngineConfig(max_model_len=64, logp0_from="scoring_pass").context_length
     assert context == 63
     kwargs = dict(tokenizer=TOKENIZER, model_name="toy", context_length=context, base_sampler=BASE, settings=SETTINGS)
     prompt = list(range(1, 9))  # 8 tokens

@@ -78,21 +78,21 @@ def test_streaming_reproduces_the_serial_chain_on_a_real_model(vllm_engine):
     assert vllm_engine._llm.get_num_unfinished_requests() == 0
 
 
-def test_a_request_at_the_context_limit_is_scored_and_one_token_more_is_refused(vllm_engine):
-    """The scoring pass prefills context + completion and asks for one token: the usable context
-    is max_model_len - 1. At that limit vLLM serves both passes; one token more is refused by
-    validate (a 400 over HTTP, checked against the same context_length), not by vLLM (a 500)."""
+def test_a_request_at_the_context_limit_is_served_and_one_token_more_is_refused(vllm_engine):
+    """With log p0 from the sampler there is no scoring pass: the usable context is max_model_len.
+    At that limit vLLM serves the request; one token more is refused by validate (a 400 over
+    HTTP, checked against the same context_length), not by vLLM (a 500)."""
     from presto_ray.engines.base import ProposalRequest
 
     limit = vllm_engine.context_length
-    assert limit == vllm_engine.max_model_len - 1
+    assert limit == vllm_engine.max_model_len
     max_new = 4
     filler = vllm_engine.tokenizer.encode_raw(" the cat sat on the mat" * 400)[: limit - max_new]
     at_limit = ProposalRequest(tuple(filler), (), max_new, 1.0, seed=1, stop_at_eos=False)
     (completion,) = vllm_engine.generate([at_limit]).completions
     assert len(completion.token_ids) == max_new and len(completion.logp0) == max_new
     over = ProposalRequest(tuple(filler) + (filler[0],), (), max_new, 1.0, seed=1, stop_at_eos=False)
-    with pytest.raises(ValueError, match="scoring pass"):
+    with pytest.raises(ValueError, match="exceeds the context of"):
         vllm_engine.validate(over)
 
 

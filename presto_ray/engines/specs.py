@@ -94,6 +94,12 @@ class VLLMEngineConfig(BaseModel):
         "(presto_ray/speculation.py); None: max_num_seqs on GPUs, 30 on CPUs (where a step costs three lone steps, "
         "from the throughputs measured in ENGINE_NOTES.md).",
     )
+    logp0_from: Literal["sampler", "scoring_pass"] = Field(
+        "sampler",
+        description="Where log p0 (and EntropyCut's entropies) come from. 'sampler': the generating pass returns "
+        "them beside log q_tau (vLLM's sampler wrapped in its worker, presto_ray/engines/vllm_sampler_patch.py). "
+        "'scoring_pass': a second request prefills each completion again to score it (vLLM unmodified; slower).",
+    )
     seed: int = Field(0, description="Engine seed (requests carry their own seeds).")
     cpu_threads_bind: str | None = Field(
         "all", description="VLLM_CPU_OMP_THREADS_BIND on CPUs: 'all' binds every core to the worker; None leaves vLLM's default."
@@ -119,7 +125,7 @@ class VLLMEngineConfig(BaseModel):
     @property
     def context_length(self) -> int:
         # the scoring pass prefills prompt + prefix + completion and asks vLLM for one more token
-        return self.max_model_len - 1
+        return self.max_model_len - 1 if self.logp0_from == "scoring_pass" else self.max_model_len
 
     @property
     def gpus_per_replica(self) -> int:

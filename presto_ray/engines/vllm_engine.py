@@ -3,18 +3,24 @@
 Log-probabilities. vLLM returns one kind of log-probability per engine (`logprobs_mode` is
 engine-wide). The engine runs in `processed_logprobs` mode, so a proposal's sampled tokens come
 back with log q_tau, the law they were drawn from (temperature only: top-k, top-p and min-p are
-off). Log p0 then comes from a scoring pass: the same engine prefills prompt + prefix + completion
-at temperature 1 with `prompt_logprobs=0`, which returns log p0 of every completion token. vLLM
-skips the prefix cache for such requests (cached rows carry no log-probabilities), so scoring
-costs a full prefill; `CallAccounting.scoring_tokens` and `scoring_time_s` report it. Both
-numbers are exact for the model as vLLM computes it; they differ from another implementation
+off). Log p0 comes from one of two places (`VLLMEngineConfig.logp0_from`):
+
+- `sampler` (the default): vLLM's sampler, wrapped in its worker (vllm_sampler_patch.py),
+  returns log p0 and the entropy of p0 of each sampled token beside log q_tau, in the same pass.
+  Measured on 2 CPU cores with SmolLM2: within 1e-5 of the scoring pass, the same tokens.
+- `scoring_pass`: the same engine prefills prompt + prefix + completion at temperature 1 with
+  `prompt_logprobs=0`, which returns log p0 of every completion token. vLLM skips the prefix
+  cache for such requests (cached rows carry no log-probabilities), so scoring costs a full
+  prefill; `CallAccounting.scoring_tokens` and `scoring_time_s` report it.
+
+Both are exact for the model as vLLM computes it; they differ from another implementation
 (transformers) only by floating-point round-off, which the conformance suite bounds.
 
-Entropies (EntropyCut). A request with `want_entropy` is scored with `prompt_logprobs=-1`, the
-whole vocabulary per position (the engine runs with `max_logprobs=-1`), and the entropy of p0 is
-summed from it: exact, and expensive (measured on 2 CPU cores with SmolLM2: 8 requests of 48
-tokens took 18.6 s to score against 2.6 s without entropies), because vLLM ships every
-probability back to the front end.
+Entropies (EntropyCut). With `sampler` they come with the tokens. With `scoring_pass`, a request
+with `want_entropy` is scored with `prompt_logprobs=-1`, the whole vocabulary per position (the
+engine runs with `max_logprobs=-1`), and the entropy of p0 is summed from it: exact, and
+expensive (8 requests of 48 tokens took 18.6 s to score against 2.6 s without entropies),
+because vLLM ships every probability back to the front end.
 
 Seeds. Every request carries its own seed (the chain's step key), so a proposal is a function of
 (seed, prompt + prefix) and never depends on which other requests share the batch.
@@ -37,6 +43,14 @@ import numpy as np
 
 from presto_ray.engines.base import CallAccounting, Completion, EngineOutput, ProposalRequest
 from presto_ray.engines.specs import VLLMEngineConfig
+from presto_ray.engines.vllm_sampler_columns import (
+    ENTROPY_COLUMN,
+    EXTENSION_QUALNAME,
+    LOGP0_COLUMN,
+    LOGQ_COLUMN,
+    SAMPLER_COLUMNS,
+    sampler_columns,
+)
 
 if TYPE_CHECKING:
     from presto_ray.engines.vllm_streaming import VLLMStreamingEngine
@@ -138,7 +152,8 @@ class VLLMEngine:
         self.tokenizer = HFTokenizer(self._llm.get_tokenizer(), config.chat_template_for_prompts)
         self.eos_token_id: int | None = self.tokenizer.eos_token_id
         self.max_model_len = config.max_model_len
-        self.context_length = config.context_length  # max_model_len - 1: the scoring pass needs one token more
+        self.context_length = config.context_length  # the scoring pass needs one token more than max_model_len
+        self.scores_separately = config.logp0_from == "scoring_pass"
         self.model_name = config.model_name
 
     async def _start(self):
@@ -159,7 +174,8 @@ class VLLMEngine:
             enable_prefix_caching=True,
             logprobs_mode="processed_logprobs",
             scheduling_policy="priority",  # streaming: needed requests before speculation (FCFS within a level)
-            max_logprobs=-1,  # whole-vocabulary scoring, for entropies
+            max_logprobs=-1 if c.logp0_from == "scoring_pass" else SAMPLER_COLUMNS - 1,  # -1: entropies by scoring
+            worker_extension_cls=EXTENSION_QUALNAME if c.logp0_from == "sampler" else "",
             generation_config="vllm",  # no sampling defaults from the model's files
             disable_log_stats=False,
         )
@@ -184,9 +200,10 @@ class VLLMEngine:
         if context == 0:
             raise ValueError("a request needs at least one prompt or prefix token")
         if context + request.max_new_tokens > self.context_length:
+            why = f" (max_model_len {self.max_model_len} less the scoring pass's one token)" if self.scores_separately else ""
             raise ValueError(
                 f"prompt + prefix ({context}) + max_new_tokens ({request.max_new_tokens}) exceeds the context of "
-                f"{self.context_length} tokens (max_model_len {self.max_model_len} less the scoring pass's one token)"
+                f"{self.context_length} tokens{why}"
             )
 
     async def _final(self, token_ids: list[int], params) -> object:
@@ -196,7 +213,8 @@ class VLLMEngine:
         return final
 
     def sampling_params(self, request: ProposalRequest, delta: bool = False):
-        """q_tau exactly (temperature only), the request's own seed, log q_tau of each token."""
+        """q_tau exactly (temperature only), the request's own seed, log q_tau of each token (and,
+        from the wrapped sampler, log p0 and the entropy: flat, as the sampler's columns)."""
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
@@ -209,7 +227,8 @@ class VLLMEngine:
             seed=request.seed,
             max_tokens=request.max_new_tokens,
             ignore_eos=not request.stop_at_eos,
-            logprobs=0,
+            logprobs=0 if self.scores_separately else SAMPLER_COLUMNS - 1,
+            flat_logprobs=not self.scores_separately,
             detokenize=False,
             output_kind=RequestOutputKind.DELTA if delta else RequestOutputKind.FINAL_ONLY,
         )
@@ -234,29 +253,43 @@ class VLLMEngine:
             *[self._final(list(requests[i].context_token_ids), self.sampling_params(requests[i])) for i in live]
         )
         scoring_start = time.perf_counter()
-        scored = await asyncio.gather(*[self.score(requests[i], out.outputs[0].token_ids) for i, out in zip(live, sampled)])
+        scored = [None] * len(live)
+        if self.scores_separately:
+            scored = await asyncio.gather(*[self.score(requests[i], out.outputs[0].token_ids) for i, out in zip(live, sampled)])
         accounting = CallAccounting(calls=1, num_requests=len(requests), scoring_time_s=time.perf_counter() - scoring_start)
         completions = [Completion((), np.zeros(0), np.zeros(0), "length") for _ in requests]
         for i, out, score in zip(live, sampled, scored):
             sample = out.outputs[0]
             tokens = tuple(int(t) for t in sample.token_ids)
-            logq = [entry[t].logprob for entry, t in zip(sample.logprobs, tokens)]
-            completions[i] = self.completion(requests[i], tokens, logq, score, int(out.num_cached_tokens or 0))
+            completions[i] = self.completion(requests[i], tokens, self.token_columns(sample.logprobs, tokens), score, int(out.num_cached_tokens or 0))
             accounting.prompt_tokens += len(requests[i].context_token_ids)
             accounting.cached_prompt_tokens += completions[i].cached_prompt_tokens
             accounting.generated_tokens += len(tokens)
-            accounting.scoring_tokens += len(score.prompt_token_ids)
+            accounting.scoring_tokens += len(score.prompt_token_ids) if score is not None else 0
         accounting.wall_time_s = time.perf_counter() - start
         return EngineOutput(completions, accounting)
 
-    def completion(self, request: ProposalRequest, tokens: tuple[int, ...], logq, score, cached: int) -> Completion:
-        """A proposal's Completion from its sampled tokens, their log q_tau and its scoring pass."""
+    def token_columns(self, logprobs, tokens: Sequence[int]) -> np.ndarray:
+        """(len(tokens), k) log-probabilities of sampled tokens from one output: log q_tau alone
+        (k = 1) with a scoring pass; log q_tau, log p0 and the entropy from the wrapped sampler."""
+        if self.scores_separately:
+            return np.array([[entry[t].logprob] for entry, t in zip(logprobs, tokens)], dtype=np.float64).reshape(-1, 1)
+        return sampler_columns(logprobs, tokens)
+
+    def completion(self, request: ProposalRequest, tokens: tuple[int, ...], columns: np.ndarray, score, cached: int) -> Completion:
+        """A proposal's Completion from its sampled tokens, their log-probability columns
+        (`token_columns`) and, with a scoring pass, its score."""
+        ended = bool(tokens) and request.stop_at_eos and tokens[-1] == self.eos_token_id
+        finish = "stop" if ended else "length"
+        logq = columns[:, LOGQ_COLUMN].copy()
+        if score is None:
+            entropy = columns[:, ENTROPY_COLUMN].copy() if request.want_entropy else None
+            return Completion(tokens, columns[:, LOGP0_COLUMN].copy(), logq, finish, cached, entropy)
         offset = len(request.context_token_ids)
         scores = score.prompt_logprobs
         logp0 = np.array([scores[offset + i][t].logprob for i, t in enumerate(tokens)], dtype=np.float64)
         entropy = _entropies(scores, offset, len(tokens)) if request.want_entropy else None
-        ended = bool(tokens) and request.stop_at_eos and tokens[-1] == self.eos_token_id
-        return Completion(tokens, logp0, np.asarray(logq, dtype=np.float64), "stop" if ended else "length", cached, entropy)
+        return Completion(tokens, logp0, logq, finish, cached, entropy)
 
     def streaming(self) -> "VLLMStreamingEngine":
         """This engine's per-request form: completion events, partial tokens, abort, priority."""

@@ -1,9 +1,10 @@
 """VLLMEngine's per-request form for the streaming schedule (presto_ray.streaming.StreamingEngine).
 
 Each request is one vLLM request streamed with DELTA outputs on the engine's event loop: its
-tokens and their log q_tau accumulate as they are decoded, a fork point the chain asked for
-raises an event as soon as the request has that many tokens, and when it ends it is scored for
-log p0 (the same scoring pass as the batch path) and raises its completion event. Abort is
+tokens and their log-probabilities (log q_tau, and log p0 and the entropy from the wrapped
+sampler) accumulate as they are decoded, a fork point the chain asked for raises an event as soon
+as the request has that many tokens, and when it ends it raises its completion event (after the
+scoring pass, when the engine scores separately). Abort is
 vLLM's `AsyncLLM.abort`; priority is vLLM's priority scheduling (lower first). The driver's
 thread blocks in `advance` on a queue the loop thread fills.
 """
@@ -43,7 +44,7 @@ class _Live:
     request: ProposalRequest
     request_id: str
     tokens: list[int] = field(default_factory=list)
-    logq: list[float] = field(default_factory=list)
+    columns: list[np.ndarray] = field(default_factory=list)  # VLLMEngine.token_columns of each delta
     wakes: set[int] = field(default_factory=set)
     future: "Future | None" = None
 
@@ -169,8 +170,9 @@ class VLLMStreamingEngine:
 
     def _append(self, handle: int, live: _Live, delta) -> None:
         tokens = [int(t) for t in delta.token_ids]
+        columns = self.engine.token_columns(delta.logprobs, tokens)
         with self._lock:
-            live.logq.extend(entry[t].logprob for entry, t in zip(delta.logprobs, tokens))
+            live.columns.append(columns)
             live.tokens.extend(tokens)
             self.clock.generated_tokens += len(tokens)
             reached = {w for w in live.wakes if w <= len(live.tokens)}
@@ -180,8 +182,8 @@ class VLLMStreamingEngine:
 
     async def _finish(self, live: _Live, cached: int) -> Completion:
         tokens = tuple(live.tokens)
-        score = await self.engine.score(live.request, tokens)
+        score = await self.engine.score(live.request, tokens) if self.engine.scores_separately else None
         with self._lock:
             self._accounting.cached_prompt_tokens += cached
-            self._accounting.scoring_tokens += len(score.prompt_token_ids)
-        return self.engine.completion(live.request, tokens, live.logq, score, cached)
+            self._accounting.scoring_tokens += len(score.prompt_token_ids) if score is not None else 0
+        return self.engine.completion(live.request, tokens, np.concatenate(live.columns), score, cached)
