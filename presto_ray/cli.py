@@ -330,9 +330,11 @@ def _bench_virtual_clock(args: argparse.Namespace) -> int:
 
 def cmd_bench_real(args: argparse.Namespace) -> int:
     from bench.real import VARIANT_RUNS, format_report, run_real_bench
+    from presto_ray.engines.specs import VLLMEngineConfig
 
     report = run_real_bench(
         args.prompts,
+        engine_config=VLLMEngineConfig(logp0_from=args.logp0_from),
         budgets=tuple(int(b) for b in args.budgets.split(",")),
         runs=VARIANT_RUNS if args.variants else None,
         mh_steps=args.mh_steps,
@@ -470,6 +472,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--out", default="bench/results/vllm_cpu_streaming.json")
     r.add_argument("--png", default="bench/results/vllm_cpu_streaming.png")
     r.add_argument("--variants", action="store_true", help="PowerMH, EntropyCut and MultiTryMH: serial vs prefetching")
+    r.add_argument(
+        "--logp0-from", choices=["sampler", "scoring_pass"], default="sampler",
+        help="log p0 from the generating pass (default) or a second scoring pass (the engine's logp0_from)",
+    )  # fmt: skip
     r.set_defaults(func=cmd_bench_real)
 
     v = sub.add_parser("serve", help="the OpenAI-compatible HTTP service on Ray Serve (Ctrl-C stops it)")
