@@ -116,6 +116,61 @@ def format_report(rows: list[dict]) -> str:
     return format_table(rows, COLUMNS)
 
 
+# Latency at K = 10: what a power sample costs against plain decoding of the horizon, for the
+# default token rule at budgets 20 and 48, and for the rule off (`speculation_gain` 0) at 20.
+LATENCY_SETTINGS = ((20, None), (48, None), (20, 0.0))
+
+LATENCY_COLUMNS: Columns = [
+    ("fixed_length", "fixed", "{}"),
+    ("prefetch_budget", "budget", "{}"),
+    ("speculation_gain", "speculation_gain", "{}"),
+    ("latency_vs_plain", "x plain", "{:.2f}"),
+    ("rounds_latency_vs_plain", "rounds x plain", "{:.2f}"),
+    ("tokens_vs_serial", "tokens vs serial", "{:.2f}"),
+    ("rounds_tokens_vs_serial", "rounds tokens vs serial", "{:.2f}"),
+    ("serial_latency_vs_plain", "serial x plain", "{:.2f}"),
+    ("same_as_serial", "same as serial", "{}"),
+]
+
+
+def run_latency_bench(
+    *, mh_steps: int = 10, settings=LATENCY_SETTINGS, chains: int = 6,
+    out_json: str | Path | None = None, progress: Callable[[str], None] = print,
+) -> list[dict]:
+    """Streaming's latency relative to plain decoding (decode steps / T) at K = `mh_steps`, beside
+    rounds at the same budget, for each (budget, speculation_gain) in `settings` (None: default)."""
+    rows = []
+    for fixed_length in (True, False):
+        spec = ENGINES[fixed_length]
+        base = SamplerConfig(block_size=HORIZON, mh_steps=mh_steps, fixed_length=fixed_length, traversal="predictive")
+        prompts = [[5, 6, 7 + c] for c in range(chains)]
+        configs = [base.model_copy(update={"seed": c}) for c in range(chains)]
+        serial = [_run(spec, c.model_copy(update={"traversal": "serial"}), p) for c, p in zip(configs, prompts)]
+        for budget, gain in settings:
+            update = {"prefetch_budget": budget} | ({} if gain is None else {"speculation_gain": gain})
+            config = base.model_copy(update=update)
+            streaming = [_run(spec, c.model_copy(update=update | {"schedule": "streaming"}), p) for c, p in zip(configs, prompts)]
+            rounds = [_run(spec, c.model_copy(update=update | {"schedule": "rounds"}), p) for c, p in zip(configs, prompts)]
+            row = _row("streaming", config, streaming, serial)
+            rounds_row = _row("rounds", config, rounds, serial)
+            rows.append(row | {
+                "speculation_gain": config.speculation_gain,
+                "rounds_latency_vs_plain": rounds_row["latency_vs_plain"],
+                "rounds_tokens_vs_serial": rounds_row["tokens_vs_serial"],
+                "serial_latency_vs_plain": row["serial_decode_steps"] / config.horizon,
+                "same_as_serial": row["same_as_serial"] and rounds_row["same_as_serial"],
+                "engine": spec.model_dump(),
+            })  # fmt: skip
+            progress(f"latency fixed={fixed_length} N={budget} gain={config.speculation_gain}: {row['latency_vs_plain']:.2f}x plain")
+    if out_json:
+        write_json_atomic(rows, out_json)
+    return rows
+
+
+def format_latency_report(rows: list[dict]) -> str:
+    return format_table(rows, LATENCY_COLUMNS)
+
+
 def plot(rows: list[dict], path: str | Path) -> None:
     """Speedup over serial and tokens relative to serial against K, rounds vs streaming per budget."""
     import matplotlib

@@ -310,7 +310,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _bench_virtual_clock(args: argparse.Namespace) -> int:
-    from bench.virtual_clock import format_load_report, format_report, plot, run_load_bench, run_virtual_clock_bench
+    from bench.virtual_clock import (
+        format_latency_report,
+        format_load_report,
+        format_report,
+        plot,
+        run_latency_bench,
+        run_load_bench,
+        run_virtual_clock_bench,
+    )
 
     out = args.out or "bench/results/virtual_clock.json"
     try:
@@ -322,9 +330,11 @@ def _bench_virtual_clock(args: argparse.Namespace) -> int:
     print(format_report(rows))
     png = Path(out).with_suffix(".png")
     plot(rows, png)
+    latency_out = str(Path(out).with_name(Path(out).stem + "_latency.json"))
+    print(format_latency_report(run_latency_bench(out_json=latency_out, progress=progress)))
     load_out = str(Path(out).with_name(Path(out).stem + "_load.json"))
     print(format_load_report(run_load_bench(out_json=load_out, progress=progress)))
-    print(f"wrote {out}, {png} and {load_out}")
+    print(f"wrote {out}, {png}, {latency_out} and {load_out}")
     return 0
 
 

@@ -28,13 +28,27 @@ def toy_reference(engine):
     return logprobs
 
 
-@pytest.fixture(params=["toy", pytest.param("vllm", marks=pytest.mark.vllm)])
+@pytest.fixture(scope="module")
+def vllm_scoring_pass_engine(vllm_engine):
+    """A second vLLM engine whose log p0 comes from the scoring pass (its sampler unwrapped), for
+    this module only: the session's engine takes log p0 from the sampler."""
+    from presto_ray.engines.specs import VLLMEngineConfig
+    from presto_ray.engines.vllm_engine import VLLMEngine
+
+    engine = VLLMEngine(VLLMEngineConfig(logp0_from="scoring_pass", max_num_seqs=16, gpu_memory_utilization=0.15))
+    yield engine
+    engine.shutdown()
+
+
+@pytest.fixture(
+    params=["toy", pytest.param("vllm", marks=pytest.mark.vllm), pytest.param("vllm-scoring-pass", marks=pytest.mark.vllm)]
+)
 def setup(request):
     """(name, engine, reference log-probabilities, a prompt of real tokens)."""
     if request.param == "toy":
         engine = ToyEngine(vocab_size=24, eos_token_id=0, seed=4, logit_scale=2.0, eos_bias=-1.0)
         return "toy", engine, toy_reference(engine), (1, 2, 5, 7)
-    engine = request.getfixturevalue("vllm_engine")
+    engine = request.getfixturevalue("vllm_engine" if request.param == "vllm" else "vllm_scoring_pass_engine")
     prompt = tuple(engine.tokenizer.encode("What is the capital of France?"))
     return "vllm", engine, request.getfixturevalue("hf_reference"), prompt
 

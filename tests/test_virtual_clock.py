@@ -81,6 +81,22 @@ def test_virtual_clock_bench_writes_rows_json_and_plot(tmp_path):
     assert (tmp_path / "v.png").stat().st_size > 0 and "streaming" in format_report(rows)
 
 
+def test_latency_bench_sets_streaming_beside_rounds_and_serial(tmp_path):
+    import json
+
+    from bench.virtual_clock import format_latency_report, run_latency_bench
+
+    rows = run_latency_bench(mh_steps=4, settings=((4, None), (4, 0.0)), chains=2, out_json=tmp_path / "l.json", progress=lambda _: None)
+    assert json.loads((tmp_path / "l.json").read_text()) == rows
+    assert [(r["fixed_length"], r["prefetch_budget"], r["speculation_gain"]) for r in rows] == [
+        (True, 4, 3.2), (True, 4, 0.0), (False, 4, 3.2), (False, 4, 0.0)
+    ]  # fmt: skip
+    for row in rows:
+        assert row["same_as_serial"] and row["latency_vs_plain"] == row["decode_steps"] / row["horizon"]
+        assert row["latency_vs_plain"] < row["serial_latency_vs_plain"]
+    assert "rounds x plain" in format_latency_report(rows)
+
+
 def test_streaming_spends_no_more_tokens_than_rounds_at_the_same_budget_and_is_faster():
     """Issue 11's token target on one virtual-clock row (T = 96, K = 24, budget 8, fixed length, the
     bench's six chains): with speculation_threshold streaming generated 1.16x serial's tokens,

@@ -96,6 +96,40 @@ def test_a_request_at_the_context_limit_is_served_and_one_token_more_is_refused(
         vllm_engine.validate(over)
 
 
+def test_log_p0_from_the_sampler_is_the_scoring_pass_s_without_a_second_pass(vllm_engine):
+    """The wrapped sampler's log p0 of each sampled token equals what a scoring pass computes for
+    the same tokens (float32 round-off), and no scoring pass ran."""
+    import numpy as np
+
+    from presto_ray.engines.base import ProposalRequest
+
+    prompt = tuple(vllm_engine.tokenizer.encode("Name three rivers."))
+    requests = [ProposalRequest(prompt, prompt[-s:], 16, t, seed=s, stop_at_eos=False) for s in (1, 2) for t in (0.25, 1.0)]
+    out = vllm_engine.generate(requests)
+    assert out.accounting.scoring_tokens == 0
+    for request, completion in zip(requests, out.completions):
+        score = vllm_engine._run(vllm_engine.score(request, completion.token_ids))
+        offset = len(request.context_token_ids)
+        scored = [score.prompt_logprobs[offset + i][t].logprob for i, t in enumerate(completion.token_ids)]
+        np.testing.assert_allclose(completion.logp0, scored, atol=1e-4)
+        if request.temperature != 1.0:  # two columns, not one read twice
+            assert not np.allclose(completion.logp0, completion.logq)
+
+
+def test_an_unwrapped_sampler_is_a_clear_error():
+    """When vLLM's sampler was not wrapped (another vLLM), the columns are missing: the error names
+    the way out instead of handing the chain log q_tau as log p0."""
+    from vllm.logprobs import FlatLogprobs
+
+    from presto_ray.engines.vllm_sampler_columns import sampler_columns
+
+    one_column = FlatLogprobs(start_indices=[0, 1], end_indices=[1, 2], token_ids=[5, 6], logprobs=[-1.0, -2.0], ranks=[1, 1], decoded_tokens=[None, None])
+    with pytest.raises(RuntimeError, match="logp0_from to 'scoring_pass'"):
+        sampler_columns(one_column, [5, 6])
+    three = FlatLogprobs(start_indices=[0], end_indices=[3], token_ids=[5, 5, 5], logprobs=[-1.0, -0.5, 2.0], ranks=[1, 1, 2], decoded_tokens=[None] * 3)
+    assert sampler_columns(three, [5]).tolist() == [[-1.0, -0.5, 2.0]]
+
+
 SHUTDOWN_SCRIPT = """
 import time
 
