@@ -83,6 +83,15 @@ def _row(schedule: str, config: SamplerConfig, runs: list, serial: list) -> dict
     }
 
 
+def _chains_and_serial(spec: ToyEngineSpec, mh_steps: int, fixed_length: bool, chains: int):
+    """The base config, each chain's prompt and seeded config, and the serial runs they compare with."""
+    base = SamplerConfig(block_size=HORIZON, mh_steps=mh_steps, fixed_length=fixed_length, traversal="predictive")
+    prompts = [[5, 6, 7 + c] for c in range(chains)]
+    configs = [base.model_copy(update={"seed": c}) for c in range(chains)]
+    serial = [_run(spec, c.model_copy(update={"traversal": "serial"}), p) for c, p in zip(configs, prompts)]
+    return base, prompts, configs, serial
+
+
 def run_virtual_clock_bench(
     *,
     budgets=(8, 20),
@@ -95,10 +104,7 @@ def run_virtual_clock_bench(
     for fixed_length in (True, False):
         spec = ENGINES[fixed_length]
         for k in mh_steps:
-            base = SamplerConfig(block_size=HORIZON, mh_steps=k, fixed_length=fixed_length, traversal="predictive")
-            prompts = [[5, 6, 7 + c] for c in range(chains)]
-            configs = [base.model_copy(update={"seed": c}) for c in range(chains)]
-            serial = [_run(spec, c.model_copy(update={"traversal": "serial"}), p) for c, p in zip(configs, prompts)]
+            base, prompts, configs, serial = _chains_and_serial(spec, k, fixed_length, chains)
             rows.append(_row("serial", base, serial, serial) | {"engine": spec.model_dump()})
             for budget in budgets:
                 for schedule in ("rounds", "streaming"):
@@ -142,10 +148,7 @@ def run_latency_bench(
     rows = []
     for fixed_length in (True, False):
         spec = ENGINES[fixed_length]
-        base = SamplerConfig(block_size=HORIZON, mh_steps=mh_steps, fixed_length=fixed_length, traversal="predictive")
-        prompts = [[5, 6, 7 + c] for c in range(chains)]
-        configs = [base.model_copy(update={"seed": c}) for c in range(chains)]
-        serial = [_run(spec, c.model_copy(update={"traversal": "serial"}), p) for c, p in zip(configs, prompts)]
+        base, prompts, configs, serial = _chains_and_serial(spec, mh_steps, fixed_length, chains)
         for budget, gain in settings:
             update = {"prefetch_budget": budget} | ({} if gain is None else {"speculation_gain": gain})
             config = base.model_copy(update=update)
