@@ -27,6 +27,7 @@ import json
 import logging
 import re
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -138,6 +139,23 @@ def _count(fs: pafs.FileSystem, files) -> tuple[int, int]:
     return rows, errors
 
 
+@contextmanager
+def _data_context(checkpoint: CheckpointConfig, progress: bool):
+    """Ray Data's process-wide settings for one job (checkpoint, progress bars, its logger's
+    level: quiet hides its INFO lines too), restored afterwards for the next job in the process."""
+    context = ray.data.DataContext.get_current()
+    data_logger = logging.getLogger("ray.data")
+    saved = context.checkpoint_config, context.enable_progress_bars, data_logger.level
+    context.checkpoint_config, context.enable_progress_bars = checkpoint, progress
+    if not progress:
+        data_logger.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        context.checkpoint_config, context.enable_progress_bars, level = saved
+        data_logger.setLevel(level)
+
+
 def run_data_job(
     prompts: str,
     out: str,
@@ -173,19 +191,13 @@ def run_data_job(
         _check_job_record(fs, out_path, record)
         before = _data_files(fs, out_path)
         summary = DataJobSummary()
-        context = ray.data.DataContext.get_current()
-        data_logger = logging.getLogger("ray.data")
-        saved = context.checkpoint_config, context.enable_progress_bars, data_logger.level
-        context.checkpoint_config = CheckpointConfig(
+        checkpoint = CheckpointConfig(
             id_column=INPUT_KEY_COLUMN,
             checkpoint_path=_join(out, CHECKPOINT_DIR),
             delete_checkpoint_on_success=False,  # a rerun of a finished job must find it: nothing to do
             checkpoint_filter_cls=content_checkpoint_filter(processor_config.columns),
         )
-        context.enable_progress_bars = progress
-        if not progress:  # quiet: Ray Data's own INFO lines (execution start, plan, finish) too
-            data_logger.setLevel(logging.WARNING)
-        try:
+        with _data_context(checkpoint, progress):
             rows = read_prompt_rows(prompts)  # after the checkpoint config: the read filters done ids
             with build_power_sampling_processor(processor_config, address=address, replicas=replicas) as processor:
                 failure = None
@@ -201,9 +213,6 @@ def run_data_job(
                     gc.collect()
                     raise failure
                 snapshot = processor.snapshot()
-        finally:
-            context.checkpoint_config, context.enable_progress_bars, level = saved
-            data_logger.setLevel(level)
         summary.engine, summary.resent_requests = snapshot.accounting, snapshot.counters.resent_requests
         summary.streamed_requests = snapshot.counters.streamed_requests
         after = _data_files(fs, out_path)
