@@ -111,8 +111,9 @@ class SamplingCluster:
         """Hand a coordinator that Ray restarted (it comes back with the replicas it was started
         with) the replicas added since, and retire again those retiring; how many it was missing."""
         missing = 0
-        for s, shard in enumerate(self.coordinators.handles):
-            known = set(ray.get(shard.replica_indices.remote()))
+        handles = self.coordinators.handles
+        known_by_shard = ray.get([shard.replica_indices.remote() for shard in handles])  # one round trip for all
+        for s, (shard, known) in enumerate(zip(handles, map(set, known_by_shard))):
             for i in range(s, len(self.replicas), len(self.coordinators)):
                 if i in known or i in self.stopped:
                     continue
