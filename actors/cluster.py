@@ -8,6 +8,8 @@ the coordinator shards. The batch job, the HTTP service and the Ray bench all st
 
 from __future__ import annotations
 
+import logging
+
 import ray
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -20,10 +22,11 @@ from presto_ray.engines import EngineSpec
 from presto_ray.ray_config import RaySettings
 
 
-def ensure_ray(address: str | None = None) -> None:
-    """Connect to `address` (or RAY_ADDRESS, as under `ray job submit`), else start a local Ray."""
+def ensure_ray(address: str | None = None, quiet: bool = False) -> None:
+    """Connect to `address` (or RAY_ADDRESS, as under `ray job submit`), else start a local Ray;
+    `quiet`: without Ray's INFO lines (which cluster it started or joined)."""
     if not ray.is_initialized():
-        ray.init(address=address, log_to_driver=True)
+        ray.init(address=address, log_to_driver=True, logging_level=logging.WARNING if quiet else logging.INFO)
 
 
 class SamplingCluster:

@@ -175,7 +175,7 @@ def run_data_job(
     fs, out_path, local = _filesystem(out)
     if fs.get_file_info(out_path).type == pafs.FileType.File:
         raise ValueError(f"{out} is a file; the job writes a folder of Parquet files")
-    ensure_ray(address)
+    ensure_ray(address, quiet=not progress)
     lock = OutputLock(out_path) if local else None  # object stores have no exclusive create
     start = time.perf_counter()
     if lock:

@@ -312,12 +312,13 @@ def test_cli_ray_sample_and_its_errors(ray_address, tmp_path, capsys):
 
     config = REPO / "configs" / "toy.yaml"
     out = tmp_path / "out"
-    # as its own driver, as users run it: --quiet prints the summary, not Ray Data's INFO lines
+    # as its own driver, as users run it: --quiet prints the summary, not Ray's or Ray Data's INFO lines
     job = _cli(["--config", str(config), "--out", str(out), "--quiet"], ray_address)
     printed = job.communicate(timeout=300)[0]
     assert job.returncode == 0, printed
     assert f"wrote 8 rows to {out}/ (0 with an error)" in printed and "streamed requests" in printed  # toy.yaml streams
     assert "Starting execution of Dataset" not in printed and "execution finished" not in printed, printed
+    assert "Connecting to existing Ray cluster" not in printed and "Connected to Ray cluster" not in printed, printed
     assert len(read_samples(out)) == 8
 
     assert main(["sample", "--ray", "--config", str(config), "--out", str(out), "--seed", "5", "--quiet"]) == 2
