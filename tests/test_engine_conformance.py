@@ -147,3 +147,23 @@ def test_toy_rejects_bad_arguments():
         ToyEngine(vocab_size=1)
     with pytest.raises(ValueError, match="eos_token_id"):
         ToyEngine(vocab_size=4, eos_token_id=4)
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("engine_fixture", ["vllm_engine", "vllm_scoring_pass_engine"])
+def test_a_streamed_request_completes_as_the_batch_path_does(request, engine_fixture):
+    """The streaming form takes log p0 from the same source as the batch path (the sampler's
+    columns of each DELTA output, or the scoring pass when the request ends)."""
+    engine = request.getfixturevalue(engine_fixture)
+    prompt = tuple(engine.tokenizer.encode("What is the capital of France?"))
+    proposal = _request(prompt, seed=3, max_new_tokens=10, temperature=0.5, stop_at_eos=False)
+    (batch,) = engine.generate([proposal]).completions
+    stream = engine.streaming()
+    handle = stream.submit(proposal)
+    done = None
+    while done is None:
+        done = next((e.completion for e in stream.advance() if e.handle == handle and e.completion is not None), None)
+    assert done.token_ids == batch.token_ids
+    np.testing.assert_allclose(done.logp0, batch.logp0, atol=1e-4)
+    np.testing.assert_allclose(done.logq, batch.logq, atol=1e-4)
+    assert (stream.accounting().scoring_tokens > 0) == (engine_fixture == "vllm_scoring_pass_engine")

@@ -244,6 +244,16 @@ class VLLMEngine:
         )  # fmt: skip
         return await self._final(list(request.context_token_ids) + list(tokens), params)
 
+    async def score_if_separate(self, request: ProposalRequest, tokens: Sequence[int]):
+        """The scoring pass's output where the engine scores separately; None where the sampler
+        returned log p0 with the tokens."""
+        return await self.score(request, tokens) if self.scores_separately else None
+
+    @staticmethod
+    def scored_tokens(score) -> int:
+        """Tokens the scoring pass prefilled (0 without one)."""
+        return len(score.prompt_token_ids) if score is not None else 0
+
     async def _generate(self, requests: list[ProposalRequest]) -> EngineOutput:
         start = time.perf_counter()
         for request in requests:
@@ -253,9 +263,7 @@ class VLLMEngine:
             *[self._final(list(requests[i].context_token_ids), self.sampling_params(requests[i])) for i in live]
         )
         scoring_start = time.perf_counter()
-        scored = [None] * len(live)
-        if self.scores_separately:
-            scored = await asyncio.gather(*[self.score(requests[i], out.outputs[0].token_ids) for i, out in zip(live, sampled)])
+        scored = await asyncio.gather(*[self.score_if_separate(requests[i], out.outputs[0].token_ids) for i, out in zip(live, sampled)])
         accounting = CallAccounting(calls=1, num_requests=len(requests), scoring_time_s=time.perf_counter() - scoring_start)
         completions = [Completion((), np.zeros(0), np.zeros(0), "length") for _ in requests]
         for i, out, score in zip(live, sampled, scored):
@@ -265,7 +273,7 @@ class VLLMEngine:
             accounting.prompt_tokens += len(requests[i].context_token_ids)
             accounting.cached_prompt_tokens += completions[i].cached_prompt_tokens
             accounting.generated_tokens += len(tokens)
-            accounting.scoring_tokens += len(score.prompt_token_ids) if score is not None else 0
+            accounting.scoring_tokens += self.scored_tokens(score)
         accounting.wall_time_s = time.perf_counter() - start
         return EngineOutput(completions, accounting)
 

@@ -182,8 +182,8 @@ class VLLMStreamingEngine:
 
     async def _finish(self, live: _Live, cached: int) -> Completion:
         tokens = tuple(live.tokens)
-        score = await self.engine.score(live.request, tokens) if self.engine.scores_separately else None
+        score = await self.engine.score_if_separate(live.request, tokens)
         with self._lock:
             self._accounting.cached_prompt_tokens += cached
-            self._accounting.scoring_tokens += len(score.prompt_token_ids) if score is not None else 0
+            self._accounting.scoring_tokens += self.engine.scored_tokens(score)
         return self.engine.completion(live.request, tokens, np.concatenate(live.columns), score, cached)
