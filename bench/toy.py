@@ -56,7 +56,7 @@ def _row(sampler: str, traversal: str, budget: int, gain: float, results: list[S
     def total(field: str, of: list[SampleResult] = results) -> int:
         return sum(getattr(r.stats, field) for r in of)
 
-    calls, transitions, requests = total("model_calls"), total("transitions"), total("requests")
+    calls, transitions, requests = total("rounds"), total("transitions"), total("requests")
     return {
         "sampler": sampler,
         "traversal": traversal if not gain else f"{traversal} gain>={gain:g}",
@@ -69,7 +69,7 @@ def _row(sampler: str, traversal: str, budget: int, gain: float, results: list[S
         "generated_tokens_per_sample": total("generated_tokens") / len(results),
         "acceptance_rate": total("accepted") / transitions if transitions else 0.0,
         "certain_edge_share": total("certain_edges") / transitions if transitions else 0.0,
-        "calls_vs_serial": calls / total("model_calls", serial),
+        "calls_vs_serial": calls / total("rounds", serial),
         "same_as_serial": all(r.token_ids == s.token_ids for r, s in zip(results, serial, strict=True)),
     }
 

@@ -210,7 +210,7 @@ class Chain:
             raise ValueError(f"expected {len(self._planned)} completions, got {len(completions)}")
         planned, self._planned = self._planned, None
         stats = self.stats
-        stats.model_calls += 1
+        stats.rounds += 1
         stats.requests += len(completions)
         stats.generated_tokens += sum(len(c.token_ids) for c in completions)
         stats.cached_prompt_tokens += sum(c.cached_prompt_tokens for c in completions)
@@ -244,7 +244,7 @@ class Chain:
             for i, request in enumerate(self._requests(key)):
                 starts.append(StartRequest((*key, i), request, priority))
                 self._running[(*key, i)] = None
-        self.stats.model_calls += 1
+        self.stats.stream_batches += 1
         self.stats.requests += len(starts)
         self.stats.forked_requests += sum(key in tree.forks for key in keys)
         self.stats.prompt_tokens += sum(len(s.request.context_token_ids) for s in starts)

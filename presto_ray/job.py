@@ -99,12 +99,13 @@ class JobSummary:
 
         c, e = self.chains, self.engine
         calls = [
-            f"model calls          {e.calls} (chain rounds {c.model_calls})",
+            f"model calls          {e.calls} (chain rounds {c.rounds})",
             f"transitions per call {ratio(c.transitions, e.calls):.2f} "
-            f"(per chain round {c.transitions_per_call:.2f})",
+            f"(per chain round {c.transitions_per_round:.2f})",
             f"requests per call    {ratio(c.requests, e.calls):.2f}",
         ] if e.calls else [  # streaming makes no batched calls
-            f"requests             {c.requests} streamed ({c.forked_requests} forked, {c.aborted_requests} aborted)",
+            f"requests             {c.requests} streamed in {c.stream_batches} batches "
+            f"({c.forked_requests} forked, {c.aborted_requests} aborted)",
         ]
         return [
             f"samples              {self.samples}",

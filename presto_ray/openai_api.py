@@ -442,11 +442,13 @@ class PowerSamplingStats(BaseModel):
     """One choice's chain: the seed that reproduces it and what it cost."""
 
     seed: int
-    model_calls: int
+    rounds: int
+    stream_batches: int
     transitions: int
     accepted: int
     acceptance_rate: float
-    transitions_per_call: float
+    transitions_per_round: float
+    transitions_per_stream_batch: float
     requests: int
 
 
@@ -528,9 +530,10 @@ class PowerSamplingUsage(BaseModel):
     chains. A power sample is drawn by generating many proposals and keeping one, so these exceed
     `completion_tokens` many times over; they are the figures to bill or to budget by."""
 
-    model_calls: int = Field(
-        description="Engine rounds the chains waited on (calls merge across chains and requests: a shared call counts once per chain)."
+    rounds: int = Field(
+        description="Rounds schedule: engine calls the chains waited on (calls merge across chains and requests: a shared call counts once per chain)."
     )
+    stream_batches: int = Field(description="Streaming schedule: batches of requests the chains started.")
     requests: int = Field(description="Generation requests the chains issued: every proposal, rejected and speculative (prefetched) ones included.")
     generated_tokens: int = Field(description="Tokens those requests generated, rejected and speculative proposals included.")
     prefill_tokens: int = Field(description="Prompt + prefix tokens those requests sent to the engine.")
@@ -545,7 +548,8 @@ class PowerSamplingUsage(BaseModel):
         for s in stats:
             total.add(s)
         return cls(
-            model_calls=total.model_calls,
+            rounds=total.rounds,
+            stream_batches=total.stream_batches,
             requests=total.requests,
             generated_tokens=total.generated_tokens,
             prefill_tokens=total.prompt_tokens,
@@ -586,7 +590,8 @@ class ProgressEvent(BaseModel):
 
     event: Literal["progress"] = "progress"
     transitions: int
-    model_calls: int
+    rounds: int
+    stream_batches: int
     events_done: int
     events_total: int
 
@@ -717,11 +722,13 @@ def usage(prepared: Prepared, choices: list[SampledChoice]) -> Usage:
 def _power_sampling_stats(stats: SampleStats, seed: int) -> PowerSamplingStats:
     return PowerSamplingStats(
         seed=seed,
-        model_calls=stats.model_calls,
+        rounds=stats.rounds,
+        stream_batches=stats.stream_batches,
         transitions=stats.transitions,
         accepted=stats.accepted,
         acceptance_rate=stats.acceptance_rate,
-        transitions_per_call=stats.transitions_per_call,
+        transitions_per_round=stats.transitions_per_round,
+        transitions_per_stream_batch=stats.transitions_per_stream_batch,
         requests=stats.requests,
     )
 
@@ -764,7 +771,8 @@ def progress_chunk(
 ) -> CompletionChunk:
     """Choice `index`'s chain finished a round; `stats`: the chain's running counts."""
     event = ProgressEvent(
-        transitions=stats.transitions, model_calls=stats.model_calls, events_done=events_done, events_total=events_total
+        transitions=stats.transitions, rounds=stats.rounds, stream_batches=stats.stream_batches,
+        events_done=events_done, events_total=events_total,
     )
     return _chunk(prepared, index, None, None, event)
 

@@ -13,7 +13,8 @@ class SampleStats:
     over chains; what engine calls cost in total (calls are shared by chains) is a CallAccounting.
     """
 
-    model_calls: int = 0  # rounds: engine calls this chain waited on; streaming: batches of requests it started
+    rounds: int = 0  # rounds schedule: engine calls this chain waited on (a call merged across chains counts once per chain)
+    stream_batches: int = 0  # streaming schedule: batches of requests the chain started (one per start_requests that started any)
     transitions: int = 0  # MH steps completed
     accepted: int = 0
     extensions: int = 0  # block extensions that needed a request
@@ -28,8 +29,14 @@ class SampleStats:
     wall_time_s: float = 0.0  # from the chain's start to its end, as its driver measured
 
     @property
-    def transitions_per_call(self) -> float:
-        return self.transitions / self.model_calls if self.model_calls else 0.0
+    def transitions_per_round(self) -> float:
+        """Rounds schedule: MH steps per engine call waited on (0 under streaming)."""
+        return self.transitions / self.rounds if self.rounds else 0.0
+
+    @property
+    def transitions_per_stream_batch(self) -> float:
+        """Streaming schedule: MH steps per batch of requests started (0 under rounds)."""
+        return self.transitions / self.stream_batches if self.stream_batches else 0.0
 
     @property
     def acceptance_rate(self) -> float:

@@ -41,7 +41,7 @@ def test_main_job_writes_parquet_matching_the_in_process_sampler(tmp_path):
     assert row["seed"] == prompt_seed(config.sampler.seed, "capital", 1)
     expected = sample(engine, tokenizer.encode("What is the capital of France?"), config.sampler.model_copy(update={"seed": row["seed"]}))
     assert tuple(row["token_ids"]) == expected.token_ids
-    assert row["model_calls"] == expected.stats.model_calls
+    assert (row["rounds"], row["stream_batches"]) == (expected.stats.rounds, expected.stats.stream_batches)
     assert SamplerConfig.model_validate_json(row["config"]) == config.sampler
 
 

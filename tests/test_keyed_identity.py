@@ -17,13 +17,13 @@ def test_every_traversal_walks_the_serial_chain(config_kwargs, engine_kwargs, pr
     prompt = [t % engine_kwargs["vocab_size"] for t in prompt]
     chains = {t: run_recorded(engine, prompt, SamplerConfig(traversal=t, schedule="rounds", **config_kwargs)) for t in ("serial", "bfs", "predictive")}
     serial = chains["serial"]
-    assert serial.stats.model_calls == serial.stats.transitions + serial.stats.extensions
+    assert serial.stats.rounds == serial.stats.transitions + serial.stats.extensions
     for name in ("bfs", "predictive"):
         chain = chains[name]
         assert chain.state.tokens == serial.state.tokens, name
         np.testing.assert_array_equal(chain.state.logp0, serial.state.logp0)
         assert chain.edges == serial.edges, name  # same cuts, same ratios, same decisions, step for step
-        assert chain.stats.model_calls <= serial.stats.model_calls
+        assert chain.stats.rounds <= serial.stats.rounds
         assert chain.stats.requests_used == serial.stats.requests_used  # the same proposals, fetched early
 
 
@@ -38,7 +38,7 @@ def test_prefetching_saves_most_calls_on_peaked_models():
     }
     tokens = {t: [r.token_ids for r in rs] for t, rs in results.items()}
     assert tokens["bfs"] == tokens["serial"] and tokens["predictive"] == tokens["serial"]
-    calls = {t: sum(r.stats.model_calls for r in rs) for t, rs in results.items()}
+    calls = {t: sum(r.stats.rounds for r in rs) for t, rs in results.items()}
     assert calls["bfs"] < 0.5 * calls["serial"], calls
     assert calls["predictive"] < 0.5 * calls["serial"], calls
 

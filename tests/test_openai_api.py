@@ -218,13 +218,13 @@ def test_a_request_without_seed_gets_a_drawn_one():
 # --- response bodies -------------------------------------------------------------------------
 EOS = TOKENIZER.eos_token_id
 STATS = SampleStats(
-    model_calls=4, transitions=10, accepted=5, requests=12, generated_tokens=90, prompt_tokens=300,
+    rounds=4, stream_batches=2, transitions=10, accepted=5, requests=12, generated_tokens=90, prompt_tokens=300,
     cached_prompt_tokens=200, aborted_requests=1,
 )  # fmt: skip
 LOGP0 = [(-0.5, -1.25, -0.125), (-2.0, -0.25, -0.75, -1.5)]
 RESULTS = [SampleResult((5, 6, EOS), STATS, LOGP0[0]), SampleResult((7, 8, 9, 10), STATS, LOGP0[1])]  # one stopped at EOS, one did not
 USAGE_POWER_SAMPLING = {  # both chains' STATS summed
-    "model_calls": 8, "requests": 24, "generated_tokens": 180, "prefill_tokens": 600, "cached_prefill_tokens": 400,
+    "rounds": 8, "stream_batches": 4, "requests": 24, "generated_tokens": 180, "prefill_tokens": 600, "cached_prefill_tokens": 400,
     "transitions": 20, "accepted": 10, "aborted_requests": 2,
 }  # fmt: skip
 
@@ -238,8 +238,8 @@ def sampled(prepared: Prepared):
 
 def expected_stats(seed: int) -> dict:
     return {
-        "seed": seed, "model_calls": 4, "transitions": 10, "accepted": 5,
-        "acceptance_rate": 0.5, "transitions_per_call": 2.5, "requests": 12,
+        "seed": seed, "rounds": 4, "stream_batches": 2, "transitions": 10, "accepted": 5,
+        "acceptance_rate": 0.5, "transitions_per_round": 2.5, "transitions_per_stream_batch": 5.0, "requests": 12,
     }  # fmt: skip
 
 
@@ -288,7 +288,7 @@ def test_stream_chunks():
     assert progress["object"] == "text_completion" and progress["id"] == prepared.id
     assert progress["choices"] == [{"index": 1, "text": "", "finish_reason": None, "logprobs": None}]
     assert progress["power_sampling"] == {
-        "event": "progress", "transitions": 10, "model_calls": 4, "events_done": 3, "events_total": 8,
+        "event": "progress", "transitions": 10, "rounds": 4, "stream_batches": 2, "events_done": 3, "events_total": 8,
     }  # fmt: skip
     done = done_chunk(prepared, choice).model_dump(mode="json")
     assert done["choices"] == [{"index": 1, "text": choice.text, "finish_reason": "length", "logprobs": None}]

@@ -45,7 +45,7 @@ def test_calls_merge_across_chains(toy_replicas):
             rows, _ = drive_pairs(cluster, items, config)
             stats[chains] = cluster.snapshot()
         assert_same_samples(rows, reference(items, config))
-        chain_rounds[chains] = sum(r["model_calls"] for r in rows)
+        chain_rounds[chains] = sum(r["rounds"] for r in rows)
         transitions[chains] = sum(r["transitions"] for r in rows) / stats[chains].accounting.calls
         assert stats[chains].accounting.calls <= chain_rounds[chains]
     print({"calls": {c: stats[c].accounting.calls for c in stats}, "chain_rounds": chain_rounds, "transitions_per_call": transitions})

@@ -76,7 +76,7 @@ def test_completion_with_extra_body_equals_the_in_process_sampler(toy_service):
     for choice in response.choices:
         stats = choice.model_extra["power_sampling"]
         assert stats["transitions"] == 10 and stats["seed"] == derive_seed(42, choice.index)
-        assert 0 < stats["model_calls"] <= stats["transitions"] + 2
+        assert stats["stream_batches"] == 0 and 0 < stats["rounds"] <= stats["transitions"] + 2
         assert choice.finish_reason in ("stop", "length")
     assert response.usage.prompt_tokens == len(prompt_ids)
     assert response.model_extra["power_sampling"]["seed"] == 42
@@ -219,7 +219,7 @@ def test_concurrent_requests_share_merged_calls(toy_service):
     for seed, response in enumerate(responses):
         (choice,) = response.choices
         assert choice.text == expected_texts(config, tokenizer.encode_raw(f"question {seed % 4}"), seed, 1, num_blocks=2)[0]
-    chain_rounds = sum(r.choices[0].model_extra["power_sampling"]["model_calls"] for r in responses)
+    chain_rounds = sum(r.choices[0].model_extra["power_sampling"]["rounds"] for r in responses)
     calls = after["calls"] - before["calls"]
     assert calls < 0.5 * chain_rounds, (calls, chain_rounds)
 
@@ -412,7 +412,7 @@ def in_process_tokens(config: JobConfig, prompt_ids, seed: int, n: int, **fields
     return [sample(engine, prompt_ids, c).token_ids for c in configs]
 
 
-POWER_SAMPLING_USAGE = {"model_calls", "requests", "generated_tokens", "prefill_tokens", "cached_prefill_tokens",
+POWER_SAMPLING_USAGE = {"rounds", "stream_batches", "requests", "generated_tokens", "prefill_tokens", "cached_prefill_tokens",
                         "transitions", "accepted", "aborted_requests"}  # fmt: skip
 
 
@@ -423,7 +423,7 @@ def check_usage(usage, prompt_tokens: int, returned: list[int]) -> dict:
     assert set(cost) == POWER_SAMPLING_USAGE
     # every proposal counts, rejected and speculative ones too: far more than what is returned
     assert cost["generated_tokens"] > usage.completion_tokens and cost["requests"] > len(returned)
-    assert 0 < cost["model_calls"] <= cost["requests"] and cost["transitions"] > 0
+    assert 0 < cost["rounds"] + cost["stream_batches"] <= cost["requests"] and cost["transitions"] > 0
     return cost
 
 

@@ -18,11 +18,11 @@ def test_prefetching_reproduces_the_serial_chain_on_a_real_model(vllm_engine):
             for t in ("serial", "bfs", "predictive")
         }
         serial = results["serial"]
-        assert serial.stats.model_calls == serial.stats.transitions + serial.stats.extensions == 9
+        assert serial.stats.rounds == serial.stats.transitions + serial.stats.extensions == 9
         for name in ("bfs", "predictive"):
             assert results[name].token_ids == serial.token_ids, (seed, name)
             assert results[name].stats.accepted == serial.stats.accepted
-            assert results[name].stats.model_calls < serial.stats.model_calls
+            assert results[name].stats.rounds < serial.stats.rounds
         assert vllm_engine.tokenizer.decode(serial.token_ids).strip()
 
 
@@ -33,7 +33,7 @@ def test_chains_share_calls_without_changing_samples(vllm_engine):
     together, accounting = sample_many(vllm_engine, prompts, configs)
     alone = [sample(vllm_engine, p, c) for p, c in zip(prompts, configs)]
     assert [r.token_ids for r in together] == [r.token_ids for r in alone]
-    assert accounting.calls < sum(r.stats.model_calls for r in alone)
+    assert accounting.calls < sum(r.stats.rounds for r in alone)
     assert accounting.cached_prompt_tokens > 0
 
 
@@ -48,7 +48,7 @@ def test_variants_reproduce_their_serial_chain_on_a_real_model(vllm_engine, vari
         prefetched = sample(vllm_engine, prompt, base.model_copy(update={"traversal": traversal}))
         assert prefetched.token_ids == serial.token_ids, traversal
         assert prefetched.stats.accepted == serial.stats.accepted
-        assert prefetched.stats.model_calls < serial.stats.model_calls
+        assert prefetched.stats.rounds < serial.stats.rounds
     assert serial.stats.requests == 1 + 5 * variant.get("num_tries", 1)
 
 
