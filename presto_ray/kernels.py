@@ -1,4 +1,4 @@
-"""MH kernels (ALGORITHM.md sections 2 and 5): cut laws, PowerMH, EntropyCut and MultiTryMH.
+"""MH kernels (docs/algorithm.md; derivations in docs/samplers.md): cut laws, PowerMH, EntropyCut and MultiTryMH.
 
 A kernel turns (state, cut, proposals) into the next state. Every ratio is
 

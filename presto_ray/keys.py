@@ -1,4 +1,4 @@
-"""Keyed randomness (ALGORITHM.md section 3).
+"""Keyed randomness (docs/algorithm.md, "Keyed randomness").
 
 Every random choice of a chain is a pure function of (chain seed, domain, index), never of call
 order, so any schedule of model calls reproduces the serial chain exactly.

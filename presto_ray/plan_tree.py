@@ -1,11 +1,11 @@
-"""Building the planning DAG of a prefetch round (ALGORITHM.md section 4).
+"""Building the planning DAG of a prefetch round (docs/algorithm.md, "Prefetching").
 
 Tree nodes that share the facts that decide their future requests are merged into one class:
 (known: the leading tokens the state certainly holds, length: the state's length, exact or
 guessed, whole_known: the state is exactly `known`). Below an accept edge with cut c the known
 part shrinks to the first c tokens (Condition 1), then grows by whatever the accepted proposal
 has generated so far: nothing in rounds, its finished tokens or a prefix of them when streaming
-(ALGORITHM.md section 4b). A step whose cut lies beyond the known part is deferred; when the
+(docs/streaming.md). A step whose cut lies beyond the known part is deferred; when the
 part it waits for is a proposal still being generated, the tree records a fork point: how many
 of that proposal's tokens the step needs.
 
@@ -98,6 +98,7 @@ def build_plan_tree(
         following: dict[_Facts, PlanNode] = {}
         any_keyed = False
         for facts, node in level.items():
+            key: RequestKey | None = None  # the request this node needs, if any
             if event.is_extension:
                 if not facts.whole_known:
                     continue  # the whole state is the prefix: unknown below a generation
@@ -105,8 +106,8 @@ def build_plan_tree(
                     node.free, node.value = True, 0.0
                     branches = [(facts, 1.0)]
                 else:
-                    node.key = (event.index, facts.known)
-                    branches = [(accepted(facts, node.key, facts.length, event.horizon), 1.0)]
+                    key = node.key = (event.index, facts.known)
+                    branches = [(accepted(facts, key, facts.length, event.horizon), 1.0)]
             else:
                 cut = cut_for(event.step, facts.length)
                 if cut is None or cut > len(facts.known):
@@ -114,16 +115,16 @@ def build_plan_tree(
                         needed = cut - facts.source_start
                         tree.fork_points[facts.source] = min(needed, tree.fork_points.get(facts.source, needed))
                     continue  # deferred: its prefix holds tokens not generated yet
-                node.key = (event.index, facts.known[:cut])
+                key = node.key = (event.index, facts.known[:cut])
                 node.cost = requests_per_step
                 if facts.source is not None and cut > facts.source_start:
-                    tree.forks.add(node.key)
+                    tree.forks.add(key)
                 h_accept = accept_branch_probability(cut / event.horizon)
                 # guess: an unfinished proposal ends where the state it replaces ended
-                branches = [(accepted(facts, node.key, cut, facts.length), h_accept), (facts, 1.0 - h_accept)]
-            if node.key is not None:
-                tree.keys.add(node.key)
-            any_keyed |= node.key is not None
+                branches = [(accepted(facts, key, cut, facts.length), h_accept), (facts, 1.0 - h_accept)]
+            if key is not None:
+                tree.keys.add(key)
+            any_keyed |= key is not None
             if depth + 1 >= max_depth:
                 continue
             for child_facts, probability in branches:

@@ -1,7 +1,7 @@
 """The chain's event schedule: per block, one extension then K MH steps.
 
 Events are numbered globally; MH steps also carry their global step index j, which keys their
-randomness (ALGORITHM.md section 3).
+randomness (docs/algorithm.md).
 """
 
 from __future__ import annotations

@@ -81,3 +81,19 @@ def serve_base_url(ray_address):
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     yield f"http://127.0.0.1:{port}"
     serve.shutdown()
+
+
+# --- tiers: `make test-fast` runs -m "not vllm and not ray" --------------------------------------
+RAY_FIXTURES = {"ray_address", "serve_base_url"}
+VLLM_FIXTURES = {"vllm_engine", "hf_reference"}
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark every test by what it starts, read off the fixtures it uses, so no test module has to
+    remember its tier (a module may also mark itself, for what starts without a fixture)."""
+    for item in items:
+        used = set(getattr(item, "fixturenames", ()))
+        if used & RAY_FIXTURES:
+            item.add_marker(pytest.mark.ray)
+        if used & VLLM_FIXTURES:
+            item.add_marker(pytest.mark.vllm)

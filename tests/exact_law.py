@@ -2,7 +2,7 @@
 
 Only the model's next-token log-probabilities come from the engine; the proposal law, the MH
 kernel (with its length correction), the extensions and the stopping rule are re-derived here
-from ALGORITHM.md, so a wrong kernel in the library cannot agree with this reference.
+from the math in docs/algorithm.md, so a wrong kernel in the library cannot agree with this reference.
 """
 
 from __future__ import annotations

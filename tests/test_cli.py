@@ -24,7 +24,7 @@ def test_main_job_writes_parquet_matching_the_in_process_sampler(tmp_path):
     out = tmp_path / "nested" / "samples.parquet"
     proc = run_cli("sample", "--config", "configs/toy.yaml", "--out", str(out), "--chains", "2")
     assert proc.returncode == 0, proc.stderr
-    assert "streamed (" in proc.stdout and "samples              8" in proc.stdout  # streaming: the default
+    assert "streamed in" in proc.stdout and "samples              8" in proc.stdout  # streaming: the default
     assert "8/8 samples" in proc.stderr  # progress
     table = pq.read_table(out)
     assert table.schema.equals(SAMPLE_SCHEMA, check_metadata=False)

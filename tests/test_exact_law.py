@@ -1,4 +1,4 @@
-"""The sampler follows the exact law of ALGORITHM.md, checked by enumeration and chi-square."""
+"""The sampler follows its exact law (docs/algorithm.md), checked by enumeration and chi-square."""
 
 import math
 from collections import Counter

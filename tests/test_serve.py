@@ -224,6 +224,7 @@ def test_concurrent_requests_share_merged_calls(toy_service):
     assert calls < 0.5 * chain_rounds, (calls, chain_rounds)
 
 
+@pytest.mark.ray  # the command starts its own local Ray
 def test_presto_ray_serve_command_serves_until_interrupted(tmp_path):
     """`presto-ray serve` on its own local Ray: it answers, then Ctrl-C stops it cleanly."""
     import os
