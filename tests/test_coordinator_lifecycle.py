@@ -67,10 +67,9 @@ def test_a_cancelled_driver_leaves_no_active_chain(slow_cluster, schedule):
     ray.cancel(run)
     with pytest.raises((ray.exceptions.TaskCancelledError, ray.exceptions.RayTaskError)):
         ray.get(run, timeout=30)
-    # well inside chain_idle_timeout_s + a call: the cancellation itself ended the chain
-    started = time.monotonic()
-    assert _wait_for(lambda: slow_cluster.snapshot().chains_active == 0, timeout_s=0.9)
-    assert time.monotonic() - started < 0.9
+    # the cancellation itself ended the chain, not the silent-chain expiry (chains_expired below);
+    # the rule is tested exactly on the books (tests/test_call_book.py); this is a smoke bound
+    assert _wait_for(lambda: slow_cluster.snapshot().chains_active == 0, timeout_s=10.0)
     after = slow_cluster.snapshot().counters
     assert after.chains_finished - before.chains_finished == 1
     assert after.chains_expired == before.chains_expired
@@ -86,7 +85,7 @@ def test_a_cancelled_submit_ends_its_chain(slow_cluster):
     call = coordinator.submit.remote(("gone", 0), _requests((1, 2), 3))
     assert _wait_for(lambda: slow_cluster.snapshot().chains_active == 1)
     ray.cancel(call)
-    assert _wait_for(lambda: slow_cluster.snapshot().chains_active == 0, timeout_s=0.9)
+    assert _wait_for(lambda: slow_cluster.snapshot().chains_active == 0, timeout_s=10.0)
     assert slow_cluster.snapshot().counters.chains_abandoned - before.chains_abandoned == 1
     # a late submit of the cancelled chain is still answered, but does not make it active again
     assert len(ray.get(coordinator.submit.remote(("gone", 0), _requests((1, 2), 1)), timeout=30)) == 1

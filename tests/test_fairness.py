@@ -4,17 +4,14 @@ coordinator on a real local Ray cluster."""
 
 from __future__ import annotations
 
-import asyncio
-import time
 
 import pytest
 
 from actors.batching import fair_competitors, fair_take, request_group
 from actors.coordinator_stats import CoordinatorCounters
+from actors.replica_table import ReplicaTable
+from actors.stream_book import StreamBook
 from presto_ray.engines.base import CallAccounting, ProposalRequest
-
-pytest.importorskip("ray")
-from actors.stream_router import StreamRouter  # noqa: E402
 
 
 def test_request_groups():
@@ -34,20 +31,19 @@ def test_a_call_takes_round_robin_over_requests():
 
 def test_streaming_budgets_are_an_equal_share_per_request():
     assert fair_competitors({"a": 8, "b": 1}, "a") == 16 and fair_competitors({"a": 8, "b": 1}, "b") == 2
-    router = StreamRouter(
-        [], [], lambda r: [], affinity_slack=0, max_attempts=1, counters=CoordinatorCounters(),
-        accounting=CallAccounting(), on_replica_lost=lambda i: None,
-    )  # fmt: skip
+    table = ReplicaTable([], affinity_tokens=8, affinity_slack=0)
+    router = StreamBook(table, CoordinatorCounters(), CallAccounting(), epoch="e", max_attempts=1)
     router.free_batch = 32.0  # as measured from replicas: a device that holds 32 sequences for free
 
-    async def scenario():
-        big = [await router.open(("big", i), 16) for i in range(8)]
-        small = await router.open(("small", 0), 16)
-        during = router.budget(("big", 0)), router.budget(("small", 0))
-        router.close(("small", 0))
-        return big, small, during, router.budget(("big", 0))
+    def opened(chain_id) -> int:
+        router.open(chain_id, 16)
+        return router.budget(chain_id)
 
-    big, small, during, after = asyncio.run(scenario())
+    big = [opened(("big", i)) for i in range(8)]
+    small = opened(("small", 0))
+    during = router.budget(("big", 0)), router.budget(("small", 0))
+    router.close(("small", 0))
+    after = router.budget(("big", 0))
     assert big[0] == 16 and big[-1] == 4, "alone, 8 chains split 32: 4 each"
     assert during == (2, 16), "with a second request: 16 for each request, split among its chains"
     assert small == 16  # per chain it would have been 32 // 9 = 3
@@ -57,6 +53,7 @@ def test_streaming_budgets_are_an_equal_share_per_request():
 def test_a_small_request_is_not_starved_by_a_large_one(ray_address):
     """One replica, 8 requests per call, 0.2 s per call: a chain that queued 64 requests and one
     that queued 2 at the same time. The small one is served by the first call, not the ninth."""
+    pytest.importorskip("ray")
     import ray
 
     from actors.cluster import SamplingCluster
@@ -73,7 +70,9 @@ def test_a_small_request_is_not_starved_by_a_large_one(ray_address):
 
         ray.get(coordinator.register_chains.remote([("big", 0), ("small", 0)]))
         big = coordinator.submit.remote(("big", 0), requests((5, 6), 64))
-        time.sleep(0.02)  # the large request queued first
+        # the large request queued first: the coordinator has counted its requests
+        while cluster.snapshot().counters.submitted_requests < 64:
+            pass
         small = coordinator.submit.remote(("small", 0), requests((7, 8), 2))
         assert len(ray.get(small, timeout=60)) == 2
         calls_when_small_done = cluster.snapshot().accounting.calls

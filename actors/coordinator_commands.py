@@ -1,0 +1,78 @@
+"""What the coordinator's books (actors/call_book.py, actors/stream_book.py) ask the actor to do.
+
+The books take events and return these commands; the actor (actors/coordinator.py) carries them
+out: every `.remote()`, every future and every task is the actor's. Plain frozen dataclasses, so a
+test asserts the exact commands an event produced.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from dataclasses import dataclass
+from typing import Union
+
+from actors.stream_protocol import ReplicaStart, StreamId
+from presto_ray.engines.base import Completion, ProposalRequest
+
+
+@dataclass(frozen=True)
+class SendCall:
+    """Send these requests to replica `replica` as one batched call; report back by `call_id`."""
+
+    call_id: int
+    replica: int
+    requests: tuple[ProposalRequest, ...]
+
+
+@dataclass(frozen=True)
+class Settle:
+    """Answer every chain waiting on `request`: with its completion, or fail them with `error`."""
+
+    request: ProposalRequest
+    completion: Completion | None = None
+    error: BaseException | None = None
+
+
+@dataclass(frozen=True)
+class ReplicaLost:
+    """Replica `replica` died (count it); `probe`: start waiting for Ray to restart it."""
+
+    replica: int
+    probe: bool
+
+
+@dataclass(frozen=True)
+class StartStreams:
+    replica: int
+    starts: tuple[ReplicaStart, ...]
+
+
+@dataclass(frozen=True)
+class WakeStreams:
+    """Fork points asked for: (stream, token count) pairs."""
+
+    replica: int
+    wakes: tuple[tuple[StreamId, int], ...]
+
+
+@dataclass(frozen=True)
+class AbortStreams:
+    replica: int
+    stream_ids: tuple[StreamId, ...]
+
+
+@dataclass(frozen=True)
+class PollReplica:
+    """Start long-polling replica `replica`'s stream events (once per replica)."""
+
+    replica: int
+
+
+@dataclass(frozen=True)
+class WakeChains:
+    """These chains' mailboxes changed (events landed, or the mailbox closed): wake their exchanges."""
+
+    chain_ids: tuple[Hashable, ...]
+
+
+Command = Union[SendCall, Settle, ReplicaLost, StartStreams, WakeStreams, AbortStreams, PollReplica, WakeChains]
