@@ -25,7 +25,7 @@ from presto_ray.data_columns import (
     INPUT_KEY_COLUMN,
     OUTPUT_SCHEMA,
     PROMPT_CHANGED_COLUMN,
-    ColumnNames,
+    InputColumnsConfig,
     error_row,
     input_key,
 )
@@ -48,7 +48,7 @@ class BadPromptRow(ValueError):
 
 
 class PowerSamplingStage:
-    def __init__(self, coordinators, config_json: str, columns: ColumnNames, fail_fast: bool) -> None:
+    def __init__(self, coordinators, config_json: str, columns: InputColumnsConfig, fail_fast: bool) -> None:
         self.coordinators = coordinators  # CoordinatorShards: a prompt's chains go to its shard
         self.config = JobConfig.model_validate_json(config_json)
         self.columns, self.fail_fast = columns, fail_fast

@@ -10,4 +10,6 @@
   chains, and the batching policy's effect (`presto-ray bench-ray`).
 - `ray_data`: the Ray Data job's rows per second and engine calls, and its driver's memory.
 - `table`: the plain-text tables all three print.
+- `commands`: the five benchmark subcommands of `presto-ray` (bench, bench-real, bench-coordinator,
+  bench-ray, load-test): their arguments and handlers, registered by presto_ray/cli.
 """

@@ -22,7 +22,7 @@ from presto_ray import __version__
 from presto_ray.engines import ToyEngineSpec
 from presto_ray.engines.base import ProposalRequest
 from presto_ray.output import write_json_atomic
-from presto_ray.ray_config import RaySettings
+from presto_ray.ray_config import RayConfig
 
 COLUMNS: Columns = [
     ("shards", "shards", "{}"),
@@ -64,7 +64,7 @@ class SubmitLoad:
 
 
 def measure(shards: int, chains: int, *, duration_s: float, requests_per_round: int, load_actors: int) -> dict:
-    settings = RaySettings(num_replicas=4, coordinator_shards=shards, batch_window_s=0.01, max_batch_wait_s=0.05)
+    settings = RayConfig(num_replicas=4, coordinator_shards=shards, batch_window_s=0.01, max_batch_wait_s=0.05)
     cluster = SamplingCluster(ToyEngineSpec(vocab_size=64), settings).start()
     try:
         remote = ray.remote(SubmitLoad).options(num_cpus=0, max_concurrency=4)

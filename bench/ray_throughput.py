@@ -3,7 +3,7 @@
 For each chain count the same job runs twice, side by side on this machine:
   - in-process: `sample_many`, every round of all chains in one call with no coordination: the
     engine's own throughput for this workload;
-  - on Ray: the Ray Data job's power-sampling stage (`presto_ray.data`: its actor pool, the
+  - on Ray: the Ray Data job's power-sampling stage (`deployments/processor.py`: its actor pool, the
     coordinator and one engine replica) over the prompts as a Dataset; the coordinator and the
     replica are started before the clock, the stage's actors (Ray Data starts them per job) after.
 The share column is Ray's transitions per second over the in-process figure. Both runs draw the
@@ -72,7 +72,7 @@ def _ray_run(items, config, replicas) -> tuple[list[dict], object, float]:
     snapshot and the wall time of the Dataset's execution (the stage's actor start-up included)."""
     import ray.data
 
-    from presto_ray.data import build_power_sampling_processor
+    from deployments.processor import build_power_sampling_processor
 
     rows = [{"id": item.id, "prompt": item.prompt} for item in items]
     # one batch per prompt, every prompt's batch running at once: all chains share each call
@@ -174,7 +174,7 @@ def run_ray_bench(
     vllm_sampler = {"block_size": 24, "num_blocks": 1, "mh_steps": 6, "prefetch_budget": 4, "seed": 0, "schedule": "rounds"}
     model_dir = None
     if vllm_chain_counts:
-        from presto_ray.engines.vllm_engine import VLLMEngine
+        from presto_ray.engines.vllm import VLLMEngine
 
         engine, cluster = _engines({"kind": "vllm"}, vllm_sampler, lambda _: VLLMEngine())
         with engine:
@@ -193,7 +193,7 @@ def run_ray_bench(
             "vllm_model_dir": model_dir,
             "ray_defaults": JobConfig().ray.model_dump(),
             "replicas": 1,
-            "ray_job": "the Ray Data stage (presto_ray.data), one batch per prompt",
+            "ray_job": "the Ray Data stage (deployments.processor), one batch per prompt",
             "ray_time": "ray_wall_s: the longest chain's wall time (the chains' span); ray_job_wall_s: the "
             "Dataset's execution, the stage's actor start-up included",
             "prompts": "min(chains, 4) prompts, chains / prompts chains each",

@@ -14,23 +14,25 @@ its own error); blocks are converted to Arrow first, as Ray's read expects them 
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pyarrow
 from ray.data.block import BlockAccessor
-from ray.data.checkpoint import NumpyArrayBasedCheckpointFilter
+from ray.data.checkpoint import CheckpointConfig, NumpyArrayBasedCheckpointFilter
 
-from presto_ray.data_columns import PROMPT_CHANGED_COLUMN, ColumnNames, input_key, key_id
+from presto_ray.data_columns import PROMPT_CHANGED_COLUMN, InputColumnsConfig, input_key, key_id
 
 
-def content_checkpoint_filter(columns: ColumnNames) -> type:
+def content_checkpoint_filter(columns: InputColumnsConfig) -> type:
     """The filter class for a job reading `columns` (Ray builds it from a class)."""
 
     class ContentKeyCheckpointFilter(NumpyArrayBasedCheckpointFilter):
-        def __init__(self, checkpoint_config, checkpoint_ref) -> None:
+        def __init__(self, checkpoint_config: CheckpointConfig, checkpoint_ref: Any) -> None:
             super().__init__(checkpoint_config, checkpoint_ref)
             self.written_ids = {key_id(str(k)) for k in self.checkpointed_ids.tolist()}
 
-        def filter_rows_for_block(self, block):
+        def filter_rows_for_block(self, block: Any) -> pyarrow.Table:
             table = block if isinstance(block, pyarrow.Table) else BlockAccessor.for_block(block).to_arrow()
             if self.checkpointed_ids.shape[0] == 0:
                 return table  # a first run: every block as read, with no mark column

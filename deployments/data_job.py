@@ -30,6 +30,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Iterable, Iterator
 
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
@@ -39,7 +40,7 @@ from ray.data.checkpoint import CheckpointConfig
 from actors.cluster import ensure_ray
 from actors.sampling_stage import BadPromptRow, JobFailed
 from deployments.checkpoint_filter import content_checkpoint_filter
-from presto_ray.data import ProcessorConfig, build_power_sampling_processor
+from deployments.processor import ProcessorConfig, build_power_sampling_processor
 from presto_ray.data_columns import ERROR_COLUMN, INPUT_KEY_COLUMN
 from presto_ray.engines.base import CallAccounting
 from presto_ray.job import JobConfig, engine_identity
@@ -128,7 +129,7 @@ def _data_files(fs: pafs.FileSystem, out: str) -> set[str]:
             and not i.base_name.startswith((".", "_"))}  # fmt: skip
 
 
-def _count(fs: pafs.FileSystem, files) -> tuple[int, int]:
+def _count(fs: pafs.FileSystem, files: Iterable[str]) -> tuple[int, int]:
     """(rows, rows with an error) in these files, reading only the error column."""
     rows = errors = 0
     for path in files:
@@ -140,7 +141,7 @@ def _count(fs: pafs.FileSystem, files) -> tuple[int, int]:
 
 
 @contextmanager
-def _data_context(checkpoint: CheckpointConfig, progress: bool):
+def _data_context(checkpoint: CheckpointConfig, progress: bool) -> Iterator[None]:
     """Ray Data's process-wide settings for one job (checkpoint, progress bars, its logger's
     level: quiet hides its INFO lines too), restored afterwards for the next job in the process."""
     context = ray.data.DataContext.get_current()
@@ -163,8 +164,8 @@ def run_data_job(
     *,
     address: str | None = None,
     progress: bool = True,
-    replicas: list | None = None,
-    **stage,
+    replicas: list[Any] | None = None,
+    **stage: Any,
 ) -> DataJobSummary:
     """Sample every (prompt, chain) of `prompts` not yet in `out`; `stage` sets ProcessorConfig fields."""
     if isinstance(config, JobConfig):
@@ -198,11 +199,11 @@ def run_data_job(
             checkpoint_filter_cls=content_checkpoint_filter(processor_config.columns),
         )
         with _data_context(checkpoint, progress):
-            rows = read_prompt_rows(prompts)  # after the checkpoint config: the read filters done ids
+            prompt_rows = read_prompt_rows(prompts)  # after the checkpoint config: the read filters done ids
             with build_power_sampling_processor(processor_config, address=address, replicas=replicas) as processor:
                 failure = None
                 try:
-                    processor(rows).write_parquet(out_path, filesystem=fs)
+                    processor(prompt_rows).write_parquet(out_path, filesystem=fs)
                 except Exception as e:  # Ray wraps the stage's errors: surface ours as themselves
                     failure = _cause(e, (BadPromptRow, JobFailed, PromptFileError)) or e
                 if failure is not None:

@@ -43,13 +43,15 @@ class LocalBackend:
         self.tokenizer = engine.tokenizer
         self.max_active_chains = max_active_chains
 
-    def sample(self, prompts, configs, kernel_factory=None) -> list[SampleResult]:
+    def sample(
+        self, prompts: Sequence[Sequence[int]], configs: Sequence[SamplerConfig], kernel_factory: KernelFactory | None = None
+    ) -> list[SampleResult]:
         results, _ = sample_many(
             self.engine, prompts, configs, max_active_chains=self.max_active_chains, kernel_factory=kernel_factory
         )
         return results
 
-    def generate(self, requests) -> list[Completion]:
+    def generate(self, requests: Sequence[ProposalRequest]) -> list[Completion]:
         return self.engine.generate(list(requests)).completions if requests else []
 
     def close(self) -> None:

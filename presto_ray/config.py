@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Mapping
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -26,16 +27,18 @@ class ConfigFieldError(ValueError):
         self.field = field
 
 
-def error_field(error: dict) -> str | None:
+def error_field(error: Mapping[str, Any]) -> str | None:
     """The field one pydantic error is about: its location, or a ConfigFieldError's field."""
     if error.get("loc"):
         return ".".join(str(p) for p in error["loc"])
-    return getattr((error.get("ctx") or {}).get("error"), "field", None)
+    field: str | None = getattr((error.get("ctx") or {}).get("error"), "field", None)
+    return field
 
 
-def error_text(error: dict) -> str:
+def error_text(error: Mapping[str, Any]) -> str:
     """One pydantic error's message without pydantic's "Value error, " prefix."""
-    return error["msg"].removeprefix("Value error, ")
+    message: str = error["msg"]
+    return message.removeprefix("Value error, ")
 
 
 class SamplerConfig(BaseModel):
@@ -71,7 +74,13 @@ class SamplerConfig(BaseModel):
     )
     num_tries: int = Field(4, ge=2, le=64, description="MultiTryMH: tries per step, all from one cut.")
     entropy_beta: float = Field(4.0, gt=0.0, le=16.0, description="EntropyCut: exponent beta of the entropy jumps.")
-    seed: int = Field(0, ge=0, lt=2**63, description="Chain seed: keys every random choice by (seed, step).")
+    seed: int = Field(
+        0, ge=0, lt=2**63,
+        description="Chain seed: keys every random choice of the chain this config runs by (seed, step). A config "
+        "that stands for many chains (a job's `sampler:`, validate, eval, an HTTP request's n choices) is their "
+        "template: each chain runs a copy whose seed is derived from this one (a job's chain c of prompt p: "
+        "prompt_seed(seed, p, c), the output's `seed` column), so a chain's own config always holds its seed.",
+    )
     fixed_length: bool = Field(
         False,
         description="Treat EOS as an ordinary token (every state has exactly the horizon's length); "

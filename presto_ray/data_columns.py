@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from typing import Any
 
 import pyarrow as pa
 from pydantic import BaseModel, ConfigDict, Field
@@ -22,7 +23,7 @@ PROMPT_CHANGED_COLUMN = "_presto_prompt_changed"
 OUTPUT_SCHEMA = SAMPLE_SCHEMA.append(pa.field(ERROR_COLUMN, pa.string()))
 
 
-class ColumnNames(BaseModel):
+class InputColumnsConfig(BaseModel):
     """Where a row keeps its id and its prompt; every other input column is passed through."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -42,7 +43,10 @@ class ColumnNames(BaseModel):
         return (self.prompt, self.messages, PROMPT_CHANGED_COLUMN) + ((self.id,) if self.id in OUTPUT_SCHEMA.names else ())
 
 
-def input_key(row: dict, names: ColumnNames) -> str:
+
+ColumnNames = InputColumnsConfig  # its name before config classes were all called *Config (user code passes it as `columns=`)
+
+def input_key(row: dict, names: InputColumnsConfig) -> str:
     """`<id>#<digest of the prompt and messages fields>`, from a row as Arrow's `to_pylist` gives
     it (the stage and the checkpoint filter both read rows that way, so they agree)."""
     fields = [row.get(names.prompt), row.get(names.messages)]
@@ -58,7 +62,7 @@ def key_id(key: str) -> str:
 
 def error_row(prompt_id: str, chain: int, seed: int, config_json: str, error: str) -> dict:
     """The row of a (prompt, chain) whose prompt cannot be sampled: its keys and the reason."""
-    row = {column.name: None for column in COLUMNS}
+    row: dict[str, Any] = {column.name: None for column in COLUMNS}
     row.update(prompt_id=prompt_id, chain=chain, seed=seed, config=config_json)
     row[ERROR_COLUMN] = error
     return row

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -117,7 +117,7 @@ def run_eval(
     task: str = "arithmetic",
     seed: int = 0,
     methods: Sequence[str] = METHODS,
-    progress=None,
+    progress: Callable[[str], None] | None = None,
 ) -> EvalReport:
     """Answer every problem with every method; sampling seeds derive from (seed, method, problem)."""
     unknown = set(methods) - set(METHODS)

@@ -7,20 +7,20 @@ import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from presto_ray.config import SamplerConfig
 from presto_ray.driver import sample_many
-from presto_ray.engines.base import CallAccounting
+from presto_ray.engines.base import CallAccounting, Engine, Tokenizer
 from presto_ray.engines.specs import EngineSpec, VLLMEngineConfig
 from presto_ray.keys import derive_seed
 from presto_ray.output import sample_row
 from presto_ray.prompts import PromptItem
 from presto_ray.results import SampleResult, SampleStats
-from presto_ray.ray_config import RaySettings
+from presto_ray.ray_config import RayConfig
 from presto_ray.serve_config import ServeSettings
 
 
@@ -32,7 +32,7 @@ class JobConfig(BaseModel):
     sampler: SamplerConfig = SamplerConfig(block_size=48, mh_steps=10, prefetch_budget=8)
     chains_per_prompt: int = Field(2, ge=1, le=10_000, description="Independent chains per prompt.")
     max_active_chains: int = Field(64, ge=1, le=100_000, description="Chains whose requests share each call.")
-    ray: RaySettings = Field(RaySettings(), description="Replicas, stage actors and batching for `sample --ray` and Serve.")
+    ray: RayConfig = Field(RayConfig(), description="Replicas, stage actors and batching for `sample --ray` and Serve.")
     serve: ServeSettings = Field(ServeSettings(), description="The HTTP service (`presto-ray serve`).")
 
     @model_validator(mode="after")
@@ -62,7 +62,7 @@ def engine_identity(spec: EngineSpec) -> str:
     return json.dumps(spec.sample_identity(), sort_keys=True)
 
 
-def input_fingerprint(engine: str, sampler: SamplerConfig, item: PromptItem, prompt_ids, chain: int) -> str:
+def input_fingerprint(engine: str, sampler: SamplerConfig, item: PromptItem, prompt_ids: Sequence[int], chain: int) -> str:
     """A sample's resume key: a hash of everything it depends on (the prompt as written and as
     tokenized, the engine and model, the chain's sampler config with its seed, the chain index).
     A rerun whose inputs changed for a finished pair sees another key, never the stale sample."""
@@ -119,14 +119,15 @@ class JobSummary:
         )
 
 
-def encode_prompt(tokenizer, item: PromptItem) -> list[int]:
+def encode_prompt(tokenizer: Tokenizer, item: PromptItem) -> list[int]:
     if item.prompt is not None:
         return tokenizer.encode(item.prompt)
+    assert item.messages is not None  # a PromptItem holds a prompt or messages
     return tokenizer.apply_chat_template(item.messages)
 
 
 def run_job(
-    items: list[PromptItem], config: JobConfig, engine, on_sample: Callable[[dict], None] | None = None
+    items: list[PromptItem], config: JobConfig, engine: Engine, on_sample: Callable[[dict], None] | None = None
 ) -> JobSummary:
     """Sample every (prompt, chain) with `engine` (built by `build_engine(config.engine)`).
 
@@ -146,7 +147,7 @@ def run_job(
     summary = JobSummary()
     rows: list[dict | None] = [None] * len(work)
 
-    def on_result(index: int, result) -> None:
+    def on_result(index: int, result: SampleResult) -> None:
         item, chain = work[index]
         rows[index] = row = sample_row(
             item.id, chain, seeds[index], result, tokenizer, sampler_json, fingerprints[index]

@@ -165,7 +165,7 @@ class OutputLock:
         )
 
 
-def _alive(pid) -> bool:
+def _alive(pid: object) -> bool:
     if not isinstance(pid, int) or pid <= 0:
         return False
     try:

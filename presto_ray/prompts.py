@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, get_args
+from typing import Any, Iterator, Literal, get_args
 
 # The chat roles a prompt may use, in batch files and over HTTP alike (openai_api.py uses this type)
 ChatRole = Literal["system", "user", "assistant"]
@@ -33,7 +33,7 @@ def unencodable_text(text: str) -> str | None:
     return None
 
 
-def _text(value, where: str, field: str) -> str:
+def _text(value: Any, where: str, field: str) -> str:
     if (problem := unencodable_text(value)) is not None:
         raise PromptFileError(f"{where}: field '{field}' {problem}")
     return value
@@ -77,7 +77,7 @@ def _parquet_rows(path: Path) -> list[dict]:
         raise PromptFileError(f"{path}: not a readable Parquet file ({str(e).splitlines()[0] if str(e) else e})") from None
 
 
-def _jsonl_rows(path: Path):
+def _jsonl_rows(path: Path) -> Iterator[tuple[int, Any]]:
     """(line number, parsed object) for each non-blank line; bad bytes or JSON name their line."""
     try:
         data = path.read_bytes()

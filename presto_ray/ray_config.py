@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -18,7 +18,7 @@ RETIRED = {
 }
 
 
-class ReplicaAutoscaling(BaseModel):
+class ReplicaAutoscalingConfig(BaseModel):
     """Autoscaling of the engine replicas, with Serve's knobs (actors/replica_autoscaler.py)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -27,7 +27,9 @@ class ReplicaAutoscaling(BaseModel):
     max_replicas: int = Field(2, ge=1, le=1024, description="Most engine replicas.")
     target_ongoing_requests: float = Field(
         256.0, gt=0,
-        description="Proposal requests per replica (queued, in a call or streaming) the pool scales towards.",
+        description="Engine proposal requests per engine replica the pool scales towards: requests queued at the "
+        "coordinator, in a batched call or streaming (not chains, not HTTP requests: one chain keeps up to "
+        "prefetch_budget of them going).",
     )
     upscale_delay_s: float = Field(5.0, ge=0.0, description="Load must ask for more replicas this long before one starts.")
     downscale_delay_s: float = Field(
@@ -36,13 +38,13 @@ class ReplicaAutoscaling(BaseModel):
     interval_s: float = Field(1.0, gt=0.0, le=60.0, description="How often the load is read.")
 
     @model_validator(mode="after")
-    def _ordered(self) -> "ReplicaAutoscaling":
+    def _ordered(self) -> "ReplicaAutoscalingConfig":
         if self.max_replicas < self.min_replicas:
             raise ConfigFieldError("max_replicas", f"max_replicas ({self.max_replicas}) is below min_replicas ({self.min_replicas})")
         return self
 
 
-class RaySettings(BaseModel):
+class RayConfig(BaseModel):
     """The `ray:` section of a job config; only `presto-ray sample --ray` and Serve read it."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -50,7 +52,7 @@ class RaySettings(BaseModel):
     num_replicas: int = Field(
         1, ge=1, le=1024, description="Engine replicas (actors holding an engine); ignored when replica_autoscaling is set."
     )
-    replica_autoscaling: ReplicaAutoscaling | None = Field(
+    replica_autoscaling: ReplicaAutoscalingConfig | None = Field(
         None,
         description="Start and retire engine replicas with the load, between min_replicas and max_replicas "
         "(None: always num_replicas).",
@@ -108,7 +110,7 @@ class RaySettings(BaseModel):
     max_call_attempts: int = Field(4, ge=1, le=100, description="Tries of one batch across replica failures.")
 
     @model_validator(mode="after")
-    def _autoscaling_fits(self) -> "RaySettings":
+    def _autoscaling_fits(self) -> "RayConfig":
         scaling = self.replica_autoscaling
         if scaling is None:
             return self
@@ -131,10 +133,15 @@ class RaySettings(BaseModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _refuse_retired(cls, data):
+    def _refuse_retired(cls, data: Any) -> Any:
         if isinstance(data, dict):
             retired = [key for key in RETIRED if key in data]
             if retired:
                 key = retired[0]
                 raise ConfigFieldError(key, f"{key} was retired with the previous Ray job ({RETIRED[key]}); remove it")
         return data
+
+
+# the names before config classes were all called *Config; kept for the modules and tests that still use them
+RaySettings = RayConfig
+ReplicaAutoscaling = ReplicaAutoscalingConfig

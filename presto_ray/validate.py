@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -83,24 +83,24 @@ def tost(a: Sequence[float], b: Sequence[float], margin: float, alpha: float = D
     """
     from scipy.stats import t as student_t  # scipy comes with scikit-learn, a core dependency
 
-    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
-    if len(a) < 2 or len(b) < 2:
+    x, y = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    if len(x) < 2 or len(y) < 2:
         raise ValueError("TOST needs at least two samples on each side")
     if not (0.0 < alpha < 0.5):
         raise ValueError("alpha must be in (0, 0.5)")
     if margin < 0:
         raise ValueError("the margin must be non-negative")
-    va, vb = a.var(ddof=1) / len(a), b.var(ddof=1) / len(b)
-    diff = float(b.mean() - a.mean())
+    va, vb = x.var(ddof=1) / len(x), y.var(ddof=1) / len(y)
+    diff = float(y.mean() - x.mean())
     se = math.sqrt(va + vb)
     if se == 0.0:
         p = 0.0 if abs(diff) <= margin else 1.0
-        return TostResult(float(a.mean()), float(b.mean()), len(a), len(b), diff, diff, diff, margin, math.inf, p, p, alpha)
-    df = (va + vb) ** 2 / ((va**2 / (len(a) - 1) if va else 0.0) + (vb**2 / (len(b) - 1) if vb else 0.0))
+        return TostResult(float(x.mean()), float(y.mean()), len(x), len(y), diff, diff, diff, margin, math.inf, p, p, alpha)
+    df = (va + vb) ** 2 / ((va**2 / (len(x) - 1) if va else 0.0) + (vb**2 / (len(y) - 1) if vb else 0.0))
     p_lower = float(student_t.sf((diff + margin) / se, df))
     p_upper = float(student_t.cdf((diff - margin) / se, df))
     half = float(student_t.ppf(1.0 - alpha, df)) * se
-    return TostResult(float(a.mean()), float(b.mean()), len(a), len(b), diff, diff - half, diff + half, margin, float(df), p_lower, p_upper, alpha)
+    return TostResult(float(x.mean()), float(y.mean()), len(x), len(y), diff, diff - half, diff + half, margin, float(df), p_lower, p_upper, alpha)
 
 
 def pooled_sd(a: Sequence[float], b: Sequence[float]) -> float:
@@ -150,7 +150,7 @@ class Margins:
 class _NoCutCorrection:
     """Drops log P(c | y) - log P(c | x): for the uniform cut, the length correction log|x| - log|y|."""
 
-    def cut_correction(self, state, cut, candidate) -> float:
+    def cut_correction(self, state: object, cut: object, candidate: object) -> float:
         return 0.0
 
 
@@ -228,7 +228,7 @@ def format_table(headers: list[str], body: list[list[str]]) -> str:
     """A Markdown table, aligned for the terminal too."""
     widths = [max(3, *(len(row[i]) for row in [headers, *body])) for i in range(len(headers))]
 
-    def line(cells):
+    def line(cells: list[str]) -> str:
         return "| " + " | ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths))) + " |"
 
     rule = "| " + " | ".join((":" + "-" * (w - 1)) if i == 0 else ("-" * (w - 1) + ":") for i, w in enumerate(widths)) + " |"
@@ -244,7 +244,7 @@ def run_validation(
     margins: Margins = Margins(),
     alpha_level: float = DEFAULT_ALPHA_LEVEL,
     fault: bool = False,
-    progress=None,
+    progress: Callable[[str], None] | None = None,
 ) -> ValidationReport:
     """Serial PowerMH vs `config`'s schedule on `prompts` ((id, token ids) pairs), independent seeds.
 

@@ -177,7 +177,7 @@ def test_the_cli_exits_2_on_them_without_a_traceback(tmp_path):
 
 
 def test_batch_files_and_http_share_the_chat_roles():
-    from presto_ray.openai_api import ChatMessage
+    from presto_ray.openai import ChatMessage
     from presto_ray.prompts import CHAT_ROLES
 
     assert set(CHAT_ROLES) == set(ChatMessage.model_fields["role"].annotation.__args__)
@@ -193,3 +193,33 @@ def test_a_retired_ray_setting_is_refused_by_name(tmp_path, capsys):
     err = capsys.readouterr().err
     assert f"{cfg}: invalid configuration: ray.shard_rows: shard_rows was retired" in err, err
     assert "Value error" not in err
+
+
+# --- the command line as a package (issue items 1 and 5) -----------------------------------------
+def test_every_list_flag_goes_through_the_one_parser(capsys):
+    """Comma-separated integers: one parser (presto_ray.cli.common.comma_ints), each flag's message."""
+    from presto_ray.cli import main
+
+    cases = [
+        (["bench", "--budgets", "1,x"], "--budgets: expected comma-separated integers, got '1,x'"),
+        (["bench", "--virtual-clock", "--budgets", "0,2"], "--budgets: every budget must be at least 1"),
+        (["bench-real", "--budgets", "a"], "--budgets: expected comma-separated integers, got 'a'"),  # was a traceback
+        (["bench-coordinator", "--chains", "1,a"], "--chains / --shards: expected comma-separated integers"),
+        (["bench-coordinator", "--shards", "0"], "--chains / --shards: every count must be at least 1"),
+        (["bench-ray", "--vllm-chains", "0"], "--chains / --vllm-chains: every count must be at least 1"),
+        (["load-test", "--clients", "a"], "--clients must be comma-separated integers, got 'a'"),
+        (["load-test", "--clients", "0"], "--clients, --duration and --passes must be positive"),
+    ]
+    for argv, message in cases:
+        assert main(argv) == 2, argv
+        assert capsys.readouterr().err == f"presto-ray: error: {message}\n", argv
+
+
+def test_the_parser_lists_every_command_in_its_order(capsys):
+    from presto_ray.cli import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(["--help"])
+    assert exited.value.code == 0
+    out = capsys.readouterr().out
+    assert "{sample,model,bench,bench-real,serve,validate,eval,load-test,bench-ray,bench-coordinator}" in out, out

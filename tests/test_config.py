@@ -148,8 +148,8 @@ def test_ingress_scaling_becomes_serve_options_and_bad_ranges_are_refused():
 
 
 def test_coordinator_shards_are_bounded():
-    from presto_ray.ray_config import RaySettings
+    from presto_ray.ray_config import RayConfig
 
-    assert RaySettings(coordinator_shards=4).coordinator_shards == 4
+    assert RayConfig(coordinator_shards=4).coordinator_shards == 4
     with pytest.raises(ValidationError, match="coordinator_shards"):
-        RaySettings(coordinator_shards=0)
+        RayConfig(coordinator_shards=0)

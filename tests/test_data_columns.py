@@ -1,9 +1,9 @@
 """The Ray Data job's resume key (presto_ray/data_columns.py): a pure function of a row's id and
 prompt fields, so the stage that writes it and the filter that reads it agree."""
 
-from presto_ray.data_columns import ColumnNames, input_key, key_id
+from presto_ray.data_columns import InputColumnsConfig, input_key, key_id
 
-NAMES = ColumnNames()
+NAMES = InputColumnsConfig()
 
 
 def test_the_key_changes_with_the_prompt_and_keeps_the_id():

@@ -24,7 +24,7 @@ ray = pytest.importorskip("ray")
 pytest.importorskip("ray.data")  # needs pandas: the `ray` extra installs ray[data]
 
 from deployments.data_job import CHECKPOINT_DIR, BadPromptRow, run_data_job  # noqa: E402
-from presto_ray.data import build_power_sampling_processor  # noqa: E402
+from deployments.processor import build_power_sampling_processor  # noqa: E402
 from ray_helpers import InBackground, assert_same_samples, reference, toy_job, with_engine, with_sampler  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent

@@ -18,7 +18,7 @@ def test_vllm_replica_under_ray_data_writes_the_in_process_samples(ray_address, 
     on the session's engine, and the chains of its stage actors share calls."""
     pytest.importorskip("ray.data")
     from actors.cluster import SamplingCluster
-    from presto_ray.data import build_power_sampling_processor
+    from deployments.processor import build_power_sampling_processor
 
     items = [
         PromptItem(id="capital", prompt="What is the capital of France? Answer in one word."),

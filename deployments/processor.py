@@ -1,6 +1,6 @@
 """Power sampling as a Ray Data stage, in the idiom of Ray Data LLM's `build_processor`:
 
-    from presto_ray.data import build_power_sampling_processor
+    from deployments.processor import build_power_sampling_processor
 
     with build_power_sampling_processor("configs/toy.yaml", concurrency=(1, 4)) as processor:
         processor(ray.data.read_parquet("s3://bucket/prompts")).write_parquet("s3://bucket/samples")
@@ -11,17 +11,24 @@ Input rows carry an id and a `prompt` or `messages` (column names configurable);
 actor pool (`concurrency`: a size or an autoscaling (min, max) range) whose actors all share one
 coordinator and its engine replicas, so requests merge into the same calls across the pool.
 
-Ray is imported only when a processor is built: the rest of presto_ray runs without it.
+It lives above the library (which runs without Ray): deployments/data_job.py runs it as the
+`presto-ray sample --ray` job. Ray is imported only when a processor is built or applied.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from presto_ray.data_columns import ColumnNames
+from presto_ray.data_columns import InputColumnsConfig
 from presto_ray.job import JobConfig
+
+if TYPE_CHECKING:
+    import ray.data
+
+    from actors.coordinator_stats import CoordinatorSnapshot
 
 
 class ProcessorConfig(BaseModel):
@@ -29,7 +36,7 @@ class ProcessorConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
     job: JobConfig
-    columns: ColumnNames = ColumnNames()
+    columns: InputColumnsConfig = InputColumnsConfig()
     concurrency: int | tuple[int, int] = Field(
         1, description="Stage actors: a fixed count, or (min, max) for Ray Data to autoscale between."
     )
@@ -40,7 +47,7 @@ class ProcessorConfig(BaseModel):
     fail_fast: bool = Field(False, description="Stop the job at the first bad prompt instead of writing its error.")
 
     @classmethod
-    def from_job(cls, job: JobConfig, **overrides) -> "ProcessorConfig":
+    def from_job(cls, job: JobConfig, **overrides: Any) -> "ProcessorConfig":
         """Defaults read off the job config: `ray.chain_actors` stage actors, and batches sized so
         that about `max_active_chains` chains run at once across the pool."""
         batches = job.ray.chain_actors * cls.model_fields["batches_per_actor"].default
@@ -51,24 +58,28 @@ class ProcessorConfig(BaseModel):
 class PowerSamplingProcessor:
     """`processor(ds) -> ds`; owns the coordinator and engine replicas until `shutdown()`."""
 
-    def __init__(self, config: ProcessorConfig, *, address: str | None = None, replicas: list | None = None) -> None:
+    def __init__(self, config: ProcessorConfig, *, address: str | None = None, replicas: list[Any] | None = None) -> None:
         from actors.cluster import SamplingCluster
 
         self.config = config
         self.cluster = SamplingCluster(config.job.engine, config.job.ray, address=address, replicas=replicas).start()
 
-    def __call__(self, ds):
+    def __call__(self, ds: ray.data.Dataset) -> ray.data.Dataset:
         from ray.data import ActorPoolStrategy
 
         from actors.sampling_stage import PowerSamplingStage
 
         c = self.config
-        size = dict(size=c.concurrency) if isinstance(c.concurrency, int) else dict(zip(("min_size", "max_size"), c.concurrency))
+        if isinstance(c.concurrency, int):
+            pool = ActorPoolStrategy(size=c.concurrency, max_concurrent_calls_per_actor=c.batches_per_actor)
+        else:
+            low, high = c.concurrency
+            pool = ActorPoolStrategy(min_size=low, max_size=high, max_concurrent_calls_per_actor=c.batches_per_actor)
         return ds.map_batches(
             PowerSamplingStage,
             batch_format="pyarrow",
             batch_size=c.batch_size,
-            compute=ActorPoolStrategy(**size, max_concurrent_calls_per_actor=c.batches_per_actor),
+            compute=pool,
             num_cpus=c.job.ray.chain_actor_num_cpus,
             fn_constructor_kwargs=dict(
                 coordinators=self.cluster.coordinators,
@@ -78,7 +89,7 @@ class PowerSamplingProcessor:
             ),
         )
 
-    def snapshot(self):
+    def snapshot(self) -> CoordinatorSnapshot:
         """The coordinator's figures: engine calls, requests, replica failures."""
         return self.cluster.snapshot()
 
@@ -88,12 +99,13 @@ class PowerSamplingProcessor:
     def __enter__(self) -> "PowerSamplingProcessor":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.shutdown()
 
 
 def build_power_sampling_processor(
-    config: JobConfig | ProcessorConfig | str | Path, *, address: str | None = None, replicas: list | None = None, **stage
+    config: JobConfig | ProcessorConfig | str | Path, *, address: str | None = None, replicas: list[Any] | None = None,
+    **stage: Any,
 ) -> PowerSamplingProcessor:
     """A processor for `config` (a job config, its YAML path, or a full ProcessorConfig); `stage`
     sets ProcessorConfig fields (concurrency, batch_size, columns, fail_fast, ...). Starts the

@@ -1,0 +1,221 @@
+"""The five benchmark subcommands of `presto-ray`: bench, bench-real, bench-coordinator, bench-ray,
+load-test. Their arguments and handlers live here, beside the benchmarks; the command line
+(presto_ray/cli) registers them through `COMMANDS` when it builds its parser.
+
+Light to import: each handler imports its benchmark (numpy, vLLM, Ray, httpx) only when it runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from presto_ray.cli.common import EXAMPLES, FAILED, OK, BadInput, Subparsers, comma_ints, fail, progress
+
+
+def _budgets(text: str) -> tuple[int, ...]:
+    return comma_ints(
+        text,
+        invalid="--budgets: expected comma-separated integers, got {text!r}",
+        below_one="--budgets: every budget must be at least 1",
+    )
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    if args.virtual_clock:
+        return _bench_virtual_clock(args)
+    from bench.toy import format_report, run_toy_bench
+
+    args.out = args.out or "bench/results/toy.json"
+    try:
+        budgets = _budgets(args.budgets or "8,10,12,16,20")
+    except BadInput as e:
+        return fail(str(e))
+    report = run_toy_bench(
+        budgets=budgets,
+        num_chains=args.chains,
+        mh_steps=args.mh_steps,
+        block_size=args.block_size,
+        out_json=args.out,
+        progress=progress,
+    )
+    print(format_report(report))
+    print(f"wrote {args.out}")
+    return OK
+
+
+def _bench_virtual_clock(args: argparse.Namespace) -> int:
+    from bench.virtual_clock import (
+        format_latency_report,
+        format_load_report,
+        format_report,
+        plot,
+        run_latency_bench,
+        run_load_bench,
+        run_virtual_clock_bench,
+    )
+
+    out = args.out or "bench/results/virtual_clock.json"
+    try:
+        budgets = _budgets(args.budgets or "8,20")
+    except BadInput as e:
+        return fail(str(e))
+    rows = run_virtual_clock_bench(budgets=budgets, out_json=out, progress=progress)
+    print(format_report(rows))
+    png = Path(out).with_suffix(".png")
+    plot(rows, png)
+    latency_out = str(Path(out).with_name(Path(out).stem + "_latency.json"))
+    print(format_latency_report(run_latency_bench(out_json=latency_out, progress=progress)))
+    load_out = str(Path(out).with_name(Path(out).stem + "_load.json"))
+    print(format_load_report(run_load_bench(out_json=load_out, progress=progress)))
+    print(f"wrote {out}, {png}, {latency_out} and {load_out}")
+    return OK
+
+
+def cmd_bench_real(args: argparse.Namespace) -> int:
+    try:
+        budgets = _budgets(args.budgets)
+    except BadInput as e:
+        return fail(str(e))
+    from bench.real import VARIANT_RUNS, format_report, run_real_bench
+    from presto_ray.engines.specs import VLLMEngineConfig
+
+    report = run_real_bench(
+        args.prompts,
+        engine_config=VLLMEngineConfig(logp0_from=args.logp0_from),
+        budgets=budgets,
+        runs=VARIANT_RUNS if args.variants else None,
+        mh_steps=args.mh_steps,
+        block_size=args.block_size,
+        out_json=args.out,
+        out_png=args.png,
+        progress=progress,
+    )
+    print(format_report(report))
+    print(f"wrote {args.out}" + (f" and {args.png}" if Path(args.png).exists() else ""))
+    return OK
+
+
+def cmd_bench_coordinator(args: argparse.Namespace) -> int:
+    invalid = "--chains / --shards: expected comma-separated integers"
+    try:
+        chains, shards = comma_ints(args.chains, invalid=invalid), comma_ints(args.shards, invalid=invalid)
+    except BadInput as e:
+        return fail(str(e))
+    if any(c < 1 for c in chains + shards):
+        return fail("--chains / --shards: every count must be at least 1")
+    from bench.coordinator_rate import format_report, run_coordinator_bench
+
+    report = run_coordinator_bench(chains, shards, duration_s=args.duration, out_json=args.out, progress=progress)
+    print(format_report(report))
+    print(f"wrote {args.out}")
+    return OK
+
+
+def cmd_bench_ray(args: argparse.Namespace) -> int:
+    invalid = "--chains / --vllm-chains: expected comma-separated integers"
+    try:
+        chains = comma_ints(args.chains, invalid=invalid)
+        vllm_chains = comma_ints(args.vllm_chains, invalid=invalid) if args.vllm_chains else ()
+    except BadInput as e:
+        return fail(str(e))
+    if any(c < 1 for c in chains + vllm_chains):
+        return fail("--chains / --vllm-chains: every count must be at least 1")
+    from bench.ray_throughput import format_report, run_ray_bench
+
+    report = run_ray_bench(
+        chain_counts=chains,
+        vllm_chain_counts=vllm_chains,
+        out_json=args.out,
+        out_png=args.png,
+        progress=progress,
+    )
+    print(format_report(report))
+    print(f"wrote {args.out} and {args.png}")
+    return OK
+
+
+def cmd_load_test(args: argparse.Namespace) -> int:
+    try:
+        clients = list(comma_ints(args.clients, invalid="--clients must be comma-separated integers, got {text!r}"))
+    except BadInput as e:
+        return fail(str(e))
+    if not clients or min(clients) < 1 or args.duration <= 0 or args.passes < 1:
+        return fail("--clients, --duration and --passes must be positive")
+    try:
+        from bench.load_test import format_report, passed, run_load_test
+    except ImportError as e:
+        return fail(f"load-test needs Ray Serve and httpx: pip install 'presto-ray[ray,bench]' ({e})")
+    report = run_load_test(clients, args.duration, args.passes, args.out, progress=progress)
+    print(format_report(report))
+    print(f"wrote {args.out}")
+    return OK if passed(report) else FAILED
+
+
+def add_bench(sub: Subparsers) -> None:
+    b = sub.add_parser("bench", help="serial vs bfs vs predictive on the toy engine (--virtual-clock: rounds vs streaming)")
+    b.add_argument("--budgets", default=None, help="prefetch budgets (default 8,10,12,16,20; --virtual-clock: 8,20)")
+    b.add_argument("--chains", type=int, default=8)
+    b.add_argument("--mh-steps", type=int, default=100)
+    b.add_argument("--block-size", type=int, default=64)
+    b.add_argument("--out", default=None, help="JSON output (default bench/results/toy.json or virtual_clock.json)")
+    b.add_argument(
+        "--virtual-clock", action="store_true",
+        help="serial vs rounds vs streaming in decode steps on the toy's continuous-batching clock: one chain per "
+        "device (--out, a JSON list of rows) and 1, 8, 64 chains sharing one device (*_load.json)",
+    )
+    b.set_defaults(func=cmd_bench)
+
+
+def add_bench_real(sub: Subparsers) -> None:
+    r = sub.add_parser("bench-real", help="serial vs rounds vs streaming on vLLM with the real model (wall clock)")
+    r.add_argument("--prompts", default=str(EXAMPLES))
+    r.add_argument("--budgets", default="4,8,16")
+    r.add_argument("--mh-steps", type=int, default=20)
+    r.add_argument("--block-size", type=int, default=48)
+    r.add_argument("--out", default="bench/results/vllm_cpu_streaming.json")
+    r.add_argument("--png", default="bench/results/vllm_cpu_streaming.png")
+    r.add_argument("--variants", action="store_true", help="PowerMH, EntropyCut and MultiTryMH: serial vs prefetching")
+    r.add_argument(
+        "--logp0-from", choices=["sampler", "scoring_pass"], default="sampler",
+        help="log p0 from the generating pass (default) or a second scoring pass (the engine's logp0_from)",
+    )  # fmt: skip
+    r.set_defaults(func=cmd_bench_real)
+
+
+def add_load_test(sub: Subparsers) -> None:
+    lt = sub.add_parser(
+        "load-test", help="a bounded load test of the HTTP service on 127.0.0.1 (toy engine; stops by itself)"
+    )
+    lt.add_argument("--clients", default="8,32,128", help="concurrent clients per round (default 8,32,128)")
+    lt.add_argument("--duration", type=float, default=10.0, help="seconds each round sends requests (default 10)")
+    lt.add_argument("--passes", type=int, default=2, help="times over the client counts (memory must stay flat)")
+    lt.add_argument("--out", default="bench/results/load_test.json", help="JSON report")
+    lt.set_defaults(func=cmd_load_test)
+
+
+def add_bench_ray(sub: Subparsers) -> None:
+    y = sub.add_parser("bench-ray", help="Ray throughput against concurrent chains (toy latency model, vLLM)")
+    y.add_argument("--chains", default="1,2,4,8,16,32,64", help="chain counts on the toy engine")
+    y.add_argument("--vllm-chains", default="", help="chain counts on vLLM (CPU), e.g. 1,2,4,8,16")
+    y.add_argument("--out", default="bench/results/ray.json")
+    y.add_argument("--png", default="bench/results/ray.png")
+    y.set_defaults(func=cmd_bench_ray)
+
+
+def add_bench_coordinator(sub: Subparsers) -> None:
+    b = sub.add_parser("bench-coordinator", help="requests per second through 1, 2, 4 coordinator shards (toy engine)")
+    b.add_argument("--chains", default="64,256,1024", help="concurrent simulated chains")
+    b.add_argument("--shards", default="1,2,4", help="coordinator shard counts")
+    b.add_argument("--duration", type=float, default=5.0, help="seconds each setting runs")
+    b.add_argument("--out", default="bench/results/coordinator_rate.json")
+    b.set_defaults(func=cmd_bench_coordinator)
+
+
+COMMANDS = {
+    "bench": add_bench,
+    "bench-real": add_bench_real,
+    "load-test": add_load_test,
+    "bench-ray": add_bench_ray,
+    "bench-coordinator": add_bench_coordinator,
+}

@@ -1,0 +1,48 @@
+"""The `presto-ray` command line: `sample` (the main job), `validate`, `eval`, `model`, `serve` and the
+benchmarks. The one composition root of the library: its command modules import the layers above
+(`deployments`, `actors`) only inside the commands that need them, and the benchmark commands are
+registered from `bench/commands.py`.
+
+    __init__   main, the parser assembled from each module's COMMANDS
+    common     messages and exit statuses, the job config with overrides, comma-separated integers
+    sample     sample (in process; --ray on Ray Data: deployments/data_job.py)
+    check      validate and eval (in process, or --ray: actors/ray_backend.py)
+    model      model (the packaged SmolLM2)
+    serve      serve (Ray Serve: deployments/serve_app.py)
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Callable
+
+from presto_ray.cli import check, model, sample, serve
+from presto_ray.cli.common import Subparsers
+
+# the subcommands in the order `presto-ray --help` lists them
+ORDER = ("sample", "model", "bench", "bench-real", "serve", "validate", "eval", "load-test", "bench-ray", "bench-coordinator")
+
+
+def _registrars() -> dict[str, Callable[[Subparsers], None]]:
+    from bench import commands as bench_commands  # the benchmarks' arguments live beside them
+
+    return {**sample.COMMANDS, **model.COMMANDS, **serve.COMMANDS, **check.COMMANDS, **bench_commands.COMMANDS}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="presto-ray", description="Exact power sampling with PreSTO prefetching.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    registrars = _registrars()
+    assert set(registrars) == set(ORDER), sorted(set(registrars) ^ set(ORDER))
+    for name in ORDER:
+        registrars[name](sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    code: int = args.func(args)
+    return code
+
+
+__all__ = ["build_parser", "main"]

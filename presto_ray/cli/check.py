@@ -1,0 +1,187 @@
+"""`presto-ray validate` (does prefetching sample the serial chain's law?) and `presto-ray eval`
+(accuracy on a verifiable task), on a Backend: in process, or through Ray (`--ray`:
+actors/ray_backend.py, imported only then)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import TYPE_CHECKING, Any, Callable
+
+from presto_ray.cli.common import EXAMPLES, OK, BadInput, Subparsers, add_ray_options, fail, load_job_config, progress
+
+if TYPE_CHECKING:
+    from presto_ray.backend import Backend
+    from presto_ray.job import JobConfig
+
+
+def _backend(args: argparse.Namespace, config: JobConfig) -> Backend:
+    """Where validate and eval run: the in-process driver, or Ray (--ray)."""
+    if args.ray:
+        try:
+            from actors.ray_backend import RayBackend
+        except ImportError as e:
+            raise BadInput(f"--ray needs Ray: pip install 'presto-ray[ray]' ({e})") from None
+        return RayBackend(config, address=args.address)
+    if args.address:
+        raise BadInput("--address needs --ray")
+    from presto_ray.backend import LocalBackend
+    from presto_ray.engines import build_engine
+
+    return LocalBackend(build_engine(config.engine), config.max_active_chains)
+
+
+def _run_with_backend(args: argparse.Namespace, config: JobConfig, work: Callable[[Backend], int]) -> int:
+    """Build the backend, run `work(backend)`, close it; bad input or a failed start is exit 2."""
+    from presto_ray.models import ModelProvisionError
+
+    try:
+        backend = _backend(args, config)
+    except BadInput as e:
+        return fail(str(e))
+    except ModelProvisionError as e:
+        return fail(str(e))
+    try:
+        return work(backend)
+    except ValueError as e:  # e.g. a prompt longer than the model's context, a serial config
+        return fail(str(e))
+    finally:
+        backend.close()
+
+
+def _provenance(config: JobConfig) -> dict[str, Any]:
+    """When and with what a report was made (the command line, the engine spec)."""
+    from datetime import datetime, timezone
+
+    from presto_ray import __version__
+
+    return {
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "presto_ray_version": __version__,
+        "argv": sys.argv[1:],
+        "engine": config.engine.model_dump(),
+    }
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from presto_ray.job import encode_prompt
+    from presto_ray.output import write_json_atomic
+    from presto_ray.prompts import PromptFileError, read_prompts
+    from presto_ray.validate import Margins, run_validation
+
+    try:
+        config = load_job_config(args)
+        margins = Margins.parse(args.margin or [])
+    except BadInput as e:
+        return fail(str(e))
+    except ValueError as e:
+        return fail(f"--margin: {e}")
+    if not 0.0 < args.alpha_level < 0.5:
+        return fail("--alpha-level must be in (0, 0.5)")
+    if config.sampler.traversal == "serial":
+        return fail("sampler.traversal is 'serial': validate compares serial with bfs or predictive prefetching")
+    try:
+        items = read_prompts(args.prompts)
+    except PromptFileError as e:
+        return fail(str(e))
+
+    def work(backend: Backend) -> int:
+        prompts = [(item.id, encode_prompt(backend.tokenizer, item)) for item in items]
+        report = run_validation(
+            backend,
+            prompts,
+            config.sampler,
+            chains_per_prompt=config.chains_per_prompt,
+            margins=margins,
+            alpha_level=args.alpha_level,
+            fault=args.fault,
+            progress=progress,
+        )
+        write_json_atomic({**report.to_json(), **_provenance(config)}, args.out)
+        side = config.sampler.traversal + ("/streaming" if config.sampler.schedule == "streaming" else "")
+        n = len(prompts) * config.chains_per_prompt
+        print(f"serial vs {side}: {len(prompts)} prompts x {config.chains_per_prompt} chains = {n} samples per side"
+              + (" (FAULT: prefetching without the length correction)" if args.fault else ""))
+        print(report.table())
+        for note in report.notes:
+            print(f"note: {note}")
+        print(f"equivalent: {report.equivalent}   (wall time: serial {report.wall_time_s['serial']:.1f} s, "
+              f"prefetch {report.wall_time_s['prefetch']:.1f} s)")
+        print(f"wrote {args.out}")
+        return OK
+
+    return _run_with_backend(args, config, work)
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from presto_ray.eval_tasks import build_task
+    from presto_ray.evaluate import METHODS, plot_report, run_eval
+    from presto_ray.output import write_json_atomic
+
+    try:
+        config = load_job_config(args)
+    except BadInput as e:
+        return fail(str(e))
+    methods = args.methods.split(",") if args.methods else list(METHODS)
+    if unknown := set(methods) - set(METHODS):
+        return fail(f"--methods: unknown {sorted(unknown)}; known: {','.join(METHODS)}")
+    try:
+        problems = build_task(args.task, args.n, args.task_seed)
+    except ValueError as e:
+        return fail(str(e))
+
+    def work(backend: Backend) -> int:
+        report = run_eval(
+            backend, problems, config.sampler, task=args.task, seed=config.sampler.seed, methods=methods,
+            progress=progress,
+        )  # fmt: skip
+        write_json_atomic({**report.to_json(), **_provenance(config)}, args.out)
+        print(f"{args.task}: {len(problems)} problems (task seed {args.task_seed}), answers up to {config.sampler.horizon} tokens")
+        print(report.table())
+        wrote = [args.out]
+        if args.png:
+            plot_report(report, args.png)
+            wrote.append(args.png)
+        print("wrote " + " and ".join(wrote))
+        return OK
+
+    return _run_with_backend(args, config, work)
+
+
+def add_validate(sub: Subparsers) -> None:
+    a = sub.add_parser(
+        "validate",
+        help="TOST: does prefetching sample the serial chain's law on this model? (serial vs the config's traversal)",
+    )
+    a.add_argument("--config", default=None, help="YAML job config (engine, sampler; its traversal is the prefetching side)")
+    a.add_argument("--prompts", default=str(EXAMPLES), help="JSONL or Parquet with id and prompt/messages")
+    a.add_argument("--chains", type=int, default=None, help="chains per prompt and side (overrides chains_per_prompt)")
+    a.add_argument("--seed", type=int, default=None, help="seed of both sides' chains (overrides the config)")
+    a.add_argument("--out", default="out/validate.json", help="JSON report (top-level key `equivalent`)")
+    a.add_argument(
+        "--margin", action="append", default=None, metavar="SD|NAME=VALUE",
+        help="equivalence margin: a number sets every statistic's margin in pooled standard deviations "
+        "(default 0.5); NAME=VALUE an absolute margin for one statistic (mean_logp0, length, alpha_logp0, "
+        "acceptance_rate); repeatable",
+    )  # fmt: skip
+    a.add_argument("--alpha-level", type=float, default=0.05, help="level of each one-sided test (default 0.05: a 90%% CI)")
+    a.add_argument("--fault", action="store_true", help="break the prefetching side's kernel (no length correction): the check must fail")
+    add_ray_options(a, "run the chains through Ray (replicas and the batching coordinator)")
+    a.set_defaults(func=cmd_validate)
+
+
+def add_eval(sub: Subparsers) -> None:
+    e = sub.add_parser("eval", help="accuracy on a verifiable task: greedy, temperature 1, tau = 1/alpha, power sampling")
+    e.add_argument("--config", default=None, help="YAML job config (engine, sampler: alpha, steps, horizon)")
+    e.add_argument("--task", default="arithmetic", help="the task (arithmetic: generated word problems, levels 1-3)")
+    e.add_argument("--n", type=int, default=30, help="problems (default 30)")
+    e.add_argument("--task-seed", type=int, default=0, help="seed of the generated problems")
+    e.add_argument("--seed", type=int, default=None, help="seed of the sampling methods (overrides the config)")
+    e.add_argument("--methods", default=None, help="comma-separated subset of greedy,temperature_1,low_temperature,power")
+    e.add_argument("--out", default="out/eval.json", help="JSON report (key `methods`)")
+    e.add_argument("--png", default="out/eval.png", help="plot of accuracy and log-likelihood ('' for none)")
+    add_ray_options(e, "run through Ray (replicas and the batching coordinator)")
+    e.set_defaults(func=cmd_eval)
+
+
+COMMANDS = {"validate": add_validate, "eval": add_eval}
