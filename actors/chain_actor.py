@@ -13,6 +13,9 @@ from actors.metrics import ChainMetrics
 from actors.stream_protocol import ChainActions
 from presto_ray.chain import Chain
 from presto_ray.results import SampleResult
+from presto_ray.stream_step import ChainStream, StreamRequestError
+
+__all__ = ["StreamRequestError", "drive_chain"]  # StreamRequestError: what a refused request raises
 
 
 async def drive_chain(coordinator, chain_id, chain: Chain, on_round=None) -> SampleResult:
@@ -40,40 +43,17 @@ async def drive_chain(coordinator, chain_id, chain: Chain, on_round=None) -> Sam
     return chain.result(time.perf_counter() - started)
 
 
-class StreamRequestError(RuntimeError):
-    """An engine refused or lost one of a streaming chain's requests."""
-
-
 async def _stream(coordinator, chain_id, chain: Chain, metrics: ChainMetrics, on_round) -> None:
     """The streaming schedule through the coordinator (presto_ray/streaming.py is the in-process
-    form): send what the chain wants started, aborted and woken; walk what lands."""
-    budget = await coordinator.stream_open.remote(chain_id, chain.config.prefetch_budget)
-    running: set = set()  # the chain's requests the coordinator runs for it
-    woken: set = set()
-    while True:
-        aborted = chain.useless_requests()
-        running.difference_update(aborted)
-        if chain.done:
-            return  # chain_finished aborts what is still running
-        starts = chain.start_requests(budget)
-        running.update(start.key for start in starts)
-        wakes = [point for point in chain.fork_points().items() if point not in woken]
-        woken.update(wakes)
-        actions = ChainActions(tuple(aborted), tuple(starts), tuple(wakes))
-        update = await coordinator.stream_exchange.remote(chain_id, actions)
-        budget, transitions = update.budget, 0
-        for event in update.events:
-            if event.key not in running:
-                continue  # dropped by the chain after the event left its replica
-            if event.error is not None:
-                raise StreamRequestError(event.error)
-            if event.completion is not None:
-                running.discard(event.key)
-                transitions += chain.complete(event.key, event.completion).transitions
-            else:
-                chain.observe_progress(event.key, event.partial)
-        if transitions:  # progress, not every fork point
-            metrics.record_round(transitions)
+    form; both only carry what `ChainStream.step` decides): send what the chain wants aborted,
+    started and woken; hand it the events that land."""
+    stream = ChainStream(chain)
+    actions = stream.step(budget=await coordinator.stream_open.remote(chain_id, chain.config.prefetch_budget))
+    while not actions.done:  # done: chain_finished aborts what is still running
+        update = await coordinator.stream_exchange.remote(chain_id, ChainActions(actions.aborts, actions.starts, actions.wakes))
+        actions = stream.step(update.events, update.budget)
+        if actions.transitions:  # progress, not every fork point
+            metrics.record_round(actions.transitions)
             if on_round is not None:
                 await on_round(chain)
 

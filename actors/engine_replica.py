@@ -9,7 +9,15 @@ from collections import defaultdict
 from collections.abc import Sequence
 
 from actors.stream_protocol import ReplicaEvent, ReplicaEvents, ReplicaStart, StreamId
-from presto_ray.engines import CallAccounting, EngineOutput, EngineSpec, ProposalRequest, build_engine
+from presto_ray.engines import (
+    CallAccounting,
+    EngineEvent,
+    EngineOutput,
+    EngineSpec,
+    ProposalRequest,
+    StreamingEngine,
+    build_engine,
+)
 
 # A coordinator that has neither polled nor submitted for this long is gone (killed or restarted
 # under a new epoch): its streams are aborted and its undelivered events dropped.
@@ -30,7 +38,7 @@ class EngineReplica:
     def __init__(self, engine_spec: EngineSpec, replica_index: int) -> None:
         self.replica_index = replica_index
         self.engine = build_engine(engine_spec)
-        self._stream_engine = None
+        self._stream_engine: StreamingEngine | None = None  # made on the first stream call
         self._handles: dict[StreamId, int] = {}
         self._stream_ids: dict[int, StreamId] = {}
         self._undelivered: dict[str, list[ReplicaEvent]] = defaultdict(list)  # by coordinator epoch
@@ -47,7 +55,7 @@ class EngineReplica:
 
     # --- streams ------------------------------------------------------------------------------
     @property
-    def streams(self):
+    def streams(self) -> StreamingEngine:
         if self._stream_engine is None:
             self._stream_engine = self.engine.streaming()
         return self._stream_engine
@@ -108,14 +116,14 @@ class EngineReplica:
                 self._news.set()
         return ReplicaEvents(tuple(self._undelivered.pop(epoch, ())), self._accounting_since_last_poll())
 
-    def _sort(self, events) -> None:
+    def _sort(self, events: Sequence[EngineEvent]) -> None:
         """File the engine's events under their coordinators; ended streams are forgotten."""
         engine = self.streams
         for event in events:
             stream_id = self._stream_ids.get(event.handle)
             if stream_id is None:
                 continue
-            ended = event.completion is not None or event.error is not None
+            ended = event.ended
             if ended:
                 del self._stream_ids[event.handle], self._handles[stream_id]
             error = None if event.error is None else f"{type(event.error).__name__}: {event.error}"
@@ -144,8 +152,7 @@ class EngineReplica:
         """The engine's cost since the last poll by any coordinator (replicas shared by several
         coordinators split it by who polls first)."""
         now = self.streams.accounting()
-        delta = CallAccounting(**{name: getattr(now, name) - getattr(self._reported, name) for name in vars(now)})
-        self._reported = now
+        delta, self._reported = now.minus(self._reported), now
         return delta
 
     def shutdown(self) -> None:

@@ -6,6 +6,10 @@ Chain -> coordinator: `ChainActions` (abort these, start those, wake me at these
 by a `ChainUpdate` once at least one event for the chain has landed (a long poll: one round trip
 per batch of events, no per-call barrier). Coordinator -> replica: `ReplicaStart`s, wakes and aborts
 by `StreamId`; replica -> coordinator: `ReplicaEvents`, also a long poll.
+
+`ChainActions` carries a `presto_ray.stream_step.StreamActions` (its aborts, starts and wakes) and a
+`ChainEvent` is a `presto_ray.stream_step.RequestEvent`: the chain's side of the exchange is
+`ChainStream.step`, the same as in process.
 """
 
 from __future__ import annotations
@@ -34,7 +38,8 @@ class ChainActions:
 
 @dataclass(frozen=True)
 class ChainEvent:
-    """A request of the chain reached a fork point (`partial` set) or ended (`completion` or `error`)."""
+    """A request of the chain reached a fork point (`partial` set) or ended (`completion` or `error`).
+    A `presto_ray.stream_step.RequestEvent`: `ChainStream.step` takes it as it arrives."""
 
     key: StreamKey
     generated: int

@@ -16,7 +16,7 @@ from bench.table import Columns, format_table
 from presto_ray import __version__
 from presto_ray.config import SamplerConfig
 from presto_ray.driver import sample_many
-from presto_ray.engines.vllm_engine import VLLMEngine, VLLMEngineConfig
+from presto_ray.engines.vllm import VLLMEngine, VLLMEngineConfig
 from presto_ray.job import encode_prompt
 from presto_ray.output import write_json_atomic
 from presto_ray.prompts import read_prompts

@@ -1,6 +1,6 @@
 """The chain: a pure state machine (no I/O) that plans requests and walks their results.
 
-Two schedules drive the same machine (ALGORITHM.md sections 4 and 4b):
+Two schedules drive the same machine (streaming: docs/streaming.md):
 
     # rounds: plan, wait for every request of the round, walk
     requests = chain.plan()          # the proposal requests of the next round
@@ -12,6 +12,7 @@ Two schedules drive the same machine (ALGORITHM.md sections 4 and 4b):
     chain.observe_progress(key, token_ids)       # tokens a running proposal has so far (forks)
     chain.fork_points()                          # running proposal -> token count that unlocks a request
     chain.useless_requests()                     # running requests no reachable node needs: abort them
+    # drivers call these in one fixed order through ChainStream.step (presto_ray/stream_step.py)
 
     chain.result(wall_time_s)        # once chain.done: the sample and its SampleStats
 
@@ -24,7 +25,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Sequence, cast
 
 from presto_ray.config import SamplerConfig
 from presto_ray.engines.base import Completion, ProposalRequest
@@ -155,14 +156,15 @@ class Chain:
         (every round, every walk must make progress). `min_gain`: predictive only, the expected
         completed transitions a new request must add (default `min_expected_gain`)."""
         config = self.config
+        # selection.py is generic over hashable keys; the plan tree's are RequestKeys
         keys: list[RequestKey] = []
         if config.traversal != "serial" and budget > 0:
             if config.traversal == "predictive":
                 gain = config.min_expected_gain if min_gain is None else min_gain
-                keys = select_max_expected(tree.root, budget, gain, issued=issued)
+                keys = cast(list[RequestKey], select_max_expected(tree.root, budget, gain, issued=issued))
             else:
-                keys = select_breadth_first(tree.root, budget, issued=issued)
-        root_key = tree.root.key
+                keys = cast(list[RequestKey], select_breadth_first(tree.root, budget, issued=issued))
+        root_key = cast("RequestKey | None", tree.root.key)
         if root_key is not None and root_key not in issued and root_key not in keys:
             keys.insert(0, root_key)
         return keys
@@ -295,6 +297,10 @@ class Chain:
     @property
     def running_requests(self) -> int:
         return len(self._running)
+
+    def is_running(self, key: StreamKey) -> bool:
+        """`key` was started and has neither completed nor been dropped as useless."""
+        return key in self._running
 
     def _streaming_tree(self) -> PlanTree:
         if self._tree is None:

@@ -42,9 +42,9 @@ def sample_many(
     total = CallAccounting()
 
     def finish(index: int, chain: Chain, started: float) -> None:
-        results[index] = chain.result(time.perf_counter() - started)
+        result = results[index] = chain.result(time.perf_counter() - started)
         if on_result:
-            on_result(index, results[index])
+            on_result(index, result)
 
     while pending or active:
         while pending and len(active) < limit:
@@ -70,13 +70,17 @@ def sample_many(
             else:
                 still_active.append((i, chain, started))
         active = still_active
-    return results, total
+    return _all_finished(results), total
 
 
 def _sample_streaming(
-    engine: Engine, prompts, configs, kernel_factory, on_result
+    engine: Engine,
+    prompts: Sequence[Sequence[int]],
+    configs: Sequence[SamplerConfig],
+    kernel_factory: Callable[[SamplerConfig], PowerMHKernel] | None,
+    on_result: Callable[[int, SampleResult], None] | None,
 ) -> tuple[list[SampleResult], CallAccounting]:
-    """Every chain streams on the engine's streaming form (ALGORITHM.md section 4b)."""
+    """Every chain streams on the engine's streaming form (docs/streaming.md)."""
     stream = engine.streaming()
     started = time.perf_counter()
     chains = [
@@ -86,14 +90,22 @@ def _sample_streaming(
     results: list[SampleResult | None] = [None] * len(chains)
 
     def finished(i: int) -> None:
-        results[i] = chains[i].result(time.perf_counter() - started)
+        result = results[i] = chains[i].result(time.perf_counter() - started)
         if on_result:
-            on_result(i, results[i])
+            on_result(i, result)
 
     run_streaming(stream, chains, finished)
     accounting = stream.accounting()
     accounting.wall_time_s = time.perf_counter() - started  # no calls to time: the whole stream
-    return results, accounting
+    return _all_finished(results), accounting
+
+
+def _all_finished(results: list[SampleResult | None]) -> list[SampleResult]:
+    """The results once every chain has one (a driver that returns earlier has a bug)."""
+    missing = [i for i, result in enumerate(results) if result is None]
+    if missing:
+        raise RuntimeError(f"chains {missing[:5]} have no result")
+    return [result for result in results if result is not None]
 
 
 def sample(

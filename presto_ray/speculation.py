@@ -3,8 +3,8 @@
 Speculation is worth its tokens only while the device has room it would otherwise leave idle.
 A device's free batch is the number of sequences a decode step can hold before it costs three
 times a lone sequence's step (`2 * step_cost / step_cost_per_sequence`: unlimited on a GPU-like
-device whose batch is free, about 30 sequences for vLLM on these two CPU cores from the
-throughputs in ENGINE_NOTES.md), capped by the most sequences it runs at once. The active chains
+device whose batch is free, about 30 sequences for vLLM on these two CPU cores from its measured
+throughputs), capped by the most sequences it runs at once. The active chains
 share it; every chain keeps at least its needed request, so under heavy load streaming degrades to
 the serial chain instead of slowing it.
 

@@ -1,75 +1,53 @@
 """The streaming schedule's in-process driver: requests start as chains ask, and each completion
-goes to its chain the moment it lands (ALGORITHM.md section 4b).
+goes to its chain the moment it lands (docs/streaming.md).
 
-The loop is plumbing only: every decision (which requests, their priorities, fork points, which
-requests became useless) is the chain's, and how many may run is presto_ray/speculation.py's.
+The loop is transport only: what to do after each event is `ChainStream.step`'s
+(presto_ray/stream_step.py, shared with the Ray driver), how many requests may run is
+presto_ray/speculation.py's.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Protocol, Sequence
+from typing import Callable, Sequence
 
 from presto_ray.chain import Chain, StreamKey
-from presto_ray.engines.base import Completion, ProposalRequest
+from presto_ray.engines.base import EngineEvent, StreamingEngine
 from presto_ray.speculation import streaming_budget
-
-
-class EngineEvent(Protocol):
-    handle: int
-    generated: int
-    completion: Completion | None  # None: a fork point was reached, the request runs on
-    error: BaseException | None  # the engine refused or lost the request (advance raises it)
-
-
-class StreamingEngine(Protocol):
-    """Per-request submission with completion events, partial tokens, abort and priority."""
-
-    busy: bool
-    free_batch: float  # sequences the device runs before speculation stops paying (inf: unlimited)
-
-    def submit(self, request: ProposalRequest, priority: float = 0.0) -> int: ...
-
-    def wake_at(self, handle: int, generated: int) -> None: ...
-
-    def partial_tokens(self, handle: int) -> tuple[int, ...]: ...
-
-    def abort(self, handle: int) -> None: ...
-
-    def advance(self) -> Sequence[EngineEvent]: ...
-
-    async def next_events(self, timeout_s: float) -> Sequence[EngineEvent]:
-        """`advance` for an event loop: waits at most `timeout_s`, reports errors as events."""
-        ...
+from presto_ray.stream_step import ChainStream, StreamActions, StreamEvent
 
 
 def run_streaming(
     engine: StreamingEngine, chains: Sequence[Chain], on_finished: Callable[[int], None] | None = None
 ) -> None:
     """Drive every chain to the end; `on_finished(i)` is called as chain i finishes."""
+    streams = [ChainStream(chain) for chain in chains]
     handles: dict[tuple[int, StreamKey], int] = {}
-    active = [len(chains)]  # chains not finished: they share the device's free batch
     owners: dict[int, tuple[int, StreamKey]] = {}
+    active = len(chains)  # chains not finished: they share the device's free batch
 
-    def pump(i: int) -> None:
-        chain = chains[i]
-        for key in chain.useless_requests():
+    def carry_out(i: int, actions: StreamActions) -> None:
+        nonlocal active
+        for key in actions.aborts:
             handle = handles.pop((i, key))
             del owners[handle]
             engine.abort(handle)
-        if chain.done:
-            active[0] -= 1
+        if actions.done:
+            active -= 1
             if on_finished is not None:
                 on_finished(i)
             return
-        budget = streaming_budget(chain.config.prefetch_budget, active[0], engine.free_batch)
-        for start in chain.start_requests(budget):
+        for start in actions.starts:
             handle = engine.submit(start.request, start.priority)
             handles[(i, start.key)], owners[handle] = handle, (i, start.key)
-        for key, needed in chain.fork_points().items():
+        for key, needed in actions.wakes:
             engine.wake_at(handles[(i, key)], needed)
 
+    def step(i: int, events: Sequence[StreamEvent] = ()) -> None:
+        budget = streaming_budget(chains[i].config.prefetch_budget, active, engine.free_batch)
+        carry_out(i, streams[i].step(events, budget))
+
     for i in range(len(chains)):
-        pump(i)
+        step(i)
     while engine.busy:
         for event in engine.advance():
             owner = owners.get(event.handle)
@@ -78,10 +56,14 @@ def run_streaming(
             i, key = owner
             if event.completion is not None:
                 del handles[owner], owners[event.handle]
-                chains[i].complete(key, event.completion)
-            else:
-                chains[i].observe_progress(key, engine.partial_tokens(event.handle))
-            pump(i)
+            step(i, [_chain_event(engine, key, event)])
     unfinished = [i for i, chain in enumerate(chains) if not chain.done]
     if unfinished:
         raise RuntimeError(f"the engine went idle with chains {unfinished[:5]} unfinished")
+
+
+def _chain_event(engine: StreamingEngine, key: StreamKey, event: EngineEvent) -> StreamEvent:
+    """The chain's view of an engine event (advance raises errors itself: none arrive here)."""
+    if event.completion is not None:
+        return StreamEvent(key, completion=event.completion)
+    return StreamEvent(key, partial=engine.partial_tokens(event.handle))

@@ -37,7 +37,7 @@ def main() -> int:
     from bench.real import format_report, run_real_bench
     from presto_ray import SamplerConfig, sample
     from presto_ray.engines.base import ProposalRequest
-    from presto_ray.engines.vllm_engine import VLLMEngine, VLLMEngineConfig
+    from presto_ray.engines.vllm import VLLMEngine, VLLMEngineConfig
 
     assert torch.cuda.is_available(), "no GPU visible"
     config = VLLMEngineConfig(model=args.model, dtype=args.dtype, enforce_eager=False, kv_block_size=16, device="gpu",

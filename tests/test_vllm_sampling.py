@@ -52,30 +52,57 @@ def test_variants_reproduce_their_serial_chain_on_a_real_model(vllm_engine, vari
     assert serial.stats.requests == 1 + 5 * variant.get("num_tries", 1)
 
 
+class CountingStream:
+    """A streaming engine that records each abort the driver sends and whether the request was
+    still live in the engine then (an abort of a request whose completion is already queued is not
+    one the engine sees)."""
+
+    def __init__(self, stream):
+        self.stream, self.abort_calls, self.live_aborts = stream, 0, 0
+
+    def __getattr__(self, name):
+        return getattr(self.stream, name)
+
+    @property
+    def busy(self):
+        return self.stream.busy
+
+    def abort(self, handle):
+        self.abort_calls += 1
+        self.live_aborts += handle in self.stream._live
+        self.stream.abort(handle)
+
+
 def test_streaming_reproduces_the_serial_chain_on_a_real_model(vllm_engine):
     """Per-request vLLM streams (DELTA outputs, fork wake-ups, abort, priority): the serial samples,
-    and nothing left running in vLLM once the chains are done."""
+    forks and aborts happen and are counted, and nothing is left running in vLLM once the chains
+    are done."""
     from presto_ray.chain import Chain
     from presto_ray.streaming import run_streaming
 
     tok = vllm_engine.tokenizer
     prompts = [tok.encode("Name three prime numbers."), tok.encode("Give me one tip for learning to cook.")]
+    chain_aborts = engine_aborts = 0
     for fixed_length in (True, False):
         base = SamplerConfig(block_size=24, mh_steps=8, prefetch_budget=8, seed=3, fixed_length=fixed_length)
         serial = [sample(vllm_engine, p, base.model_copy(update={"traversal": "serial"})) for p in prompts]
         chains = [Chain(p, base.model_copy(update={"schedule": "streaming"}), vllm_engine.eos_token_id) for p in prompts]
-        stream = vllm_engine.streaming()
+        stream = CountingStream(vllm_engine.streaming())
         run_streaming(stream, chains)
         assert [c.output_token_ids for c in chains] == [s.token_ids for s in serial], fixed_length
         assert [c.stats.accepted for c in chains] == [s.stats.accepted for s in serial]
         assert not stream.busy
         assert sum(c.stats.forked_requests for c in chains) > 0  # forks happened on the real model
-        # the chains dropped these; those that had not ended yet were aborted in vLLM
-        assert stream.clock.aborted_requests <= sum(c.stats.aborted_requests for c in chains)
+        # every request a chain dropped was aborted once, and the engine counted those still live
+        assert stream.abort_calls == sum(c.stats.aborted_requests for c in chains)
+        assert stream.clock.aborted_requests == stream.live_aborts
+        chain_aborts += stream.abort_calls
+        engine_aborts += stream.clock.aborted_requests
+    assert chain_aborts > 0 and engine_aborts > 0  # this config aborts running requests in vLLM
     deadline = time.monotonic() + 30  # aborts reach vLLM's scheduler asynchronously
-    while vllm_engine._llm.get_num_unfinished_requests() and time.monotonic() < deadline:
+    while vllm_engine.runtime.llm.get_num_unfinished_requests() and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert vllm_engine._llm.get_num_unfinished_requests() == 0
+    assert vllm_engine.runtime.llm.get_num_unfinished_requests() == 0
 
 
 def test_a_request_at_the_context_limit_is_served_and_one_token_more_is_refused(vllm_engine):
@@ -108,7 +135,7 @@ def test_log_p0_from_the_sampler_is_the_scoring_pass_s_without_a_second_pass(vll
     out = vllm_engine.generate(requests)
     assert out.accounting.scoring_tokens == 0
     for request, completion in zip(requests, out.completions):
-        score = vllm_engine._run(vllm_engine.score(request, completion.token_ids))
+        score = vllm_engine.score(request, completion.token_ids)
         offset = len(request.context_token_ids)
         scored = [score.prompt_logprobs[offset + i][t].logprob for i, t in enumerate(completion.token_ids)]
         np.testing.assert_allclose(completion.logp0, scored, atol=1e-4)
@@ -121,7 +148,7 @@ def test_an_unwrapped_sampler_is_a_clear_error():
     the way out instead of handing the chain log q_tau as log p0."""
     from vllm.logprobs import FlatLogprobs
 
-    from presto_ray.engines.vllm_sampler_columns import sampler_columns
+    from presto_ray.engines.vllm.sampler_columns import sampler_columns
 
     one_column = FlatLogprobs(start_indices=[0, 1], end_indices=[1, 2], token_ids=[5, 6], logprobs=[-1.0, -2.0], ranks=[1, 1], decoded_tokens=[None, None])
     with pytest.raises(RuntimeError, match="logp0_from to 'scoring_pass'"):
@@ -134,12 +161,12 @@ SHUTDOWN_SCRIPT = """
 import time
 
 from presto_ray import SamplerConfig, sample
-from presto_ray.engines.vllm_engine import VLLMEngine
+from presto_ray.engines.vllm import VLLMEngine
 
 if __name__ == "__main__":
     engine = VLLMEngine()
     sample(engine, engine.tokenizer.encode("Say hi."), SamplerConfig(block_size=4, mh_steps=1, prefetch_budget=1))
-    core = engine._llm.engine_core
+    core = engine.runtime.llm.engine_core
     stop_core = core.shutdown
 
     def slow_core_shutdown(*args, **kwargs):  # a busy machine: the loop runs before AsyncLLM cancels its handler

@@ -1,15 +1,18 @@
 """Engines: a batch of proposal requests in, completions with exact log p0 and log q_tau out.
 
-`base` holds the protocol (requests, completions, `Engine`, `Tokenizer`); `specs` the configs
-that build each engine; `toy` and `vllm_engine` the two engines.
+`base` holds the contract (requests, completions, `CallAccounting`, `Engine`, `StreamingEngine`
+and its `EngineEvent`, `Tokenizer`); `specs` the configs that build each engine; `toy` (with
+`virtual_clock`, its streaming form) and the `vllm` package the two engines.
 """
 
 from presto_ray.engines.base import (
     CallAccounting,
     Completion,
     Engine,
+    EngineEvent,
     EngineOutput,
     ProposalRequest,
+    StreamingEngine,
     Tokenizer,
 )
 from presto_ray.engines.specs import EngineSpec, ToyEngineSpec, VLLMEngineConfig, build_engine, build_tokenizer
@@ -18,9 +21,11 @@ __all__ = [
     "CallAccounting",
     "Completion",
     "Engine",
+    "EngineEvent",
     "EngineOutput",
     "EngineSpec",
     "ProposalRequest",
+    "StreamingEngine",
     "Tokenizer",
     "ToyEngineSpec",
     "VLLMEngineConfig",

@@ -1,8 +1,10 @@
-"""The engine protocol shared by the toy engine and vLLM."""
+"""The engine contract shared by the toy engine and vLLM: requests, completions, what calls cost,
+and the two forms of an engine: `Engine` (batched calls: rounds and the serial chain) and
+`StreamingEngine` (per-request streams: the streaming schedule, docs/streaming.md)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Literal, Mapping, Protocol, Sequence, runtime_checkable
 
 import numpy as np
@@ -63,9 +65,13 @@ class CallAccounting:
     scoring_time_s: float = 0.0
     wall_time_s: float = 0.0
 
-    def add(self, other: "CallAccounting") -> None:
-        for name in self.__dataclass_fields__:
-            setattr(self, name, getattr(self, name) + getattr(other, name))
+    def add(self, other: CallAccounting) -> None:
+        for f in fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+
+    def minus(self, earlier: CallAccounting) -> CallAccounting:
+        """What was spent since `earlier` (a streaming engine's running totals between two polls)."""
+        return CallAccounting(**{f.name: getattr(self, f.name) - getattr(earlier, f.name) for f in fields(self)})
 
 
 @dataclass
@@ -77,8 +83,11 @@ class EngineOutput:
 class Tokenizer(Protocol):
     """Text and chat messages to token ids and back, as the engine's model sees them."""
 
-    eos_token_id: int | None
-    vocab_size: int
+    @property
+    def eos_token_id(self) -> int | None: ...
+
+    @property
+    def vocab_size(self) -> int: ...
 
     def encode(self, text: str) -> list[int]:
         """A plain-text prompt, wrapped in the chat template where the engine is configured to."""
@@ -93,18 +102,92 @@ class Tokenizer(Protocol):
     def decode(self, token_ids: Sequence[int]) -> str: ...
 
 
+@dataclass(frozen=True)
+class EngineEvent:
+    """A streamed request ended (`completion` or `error` set) or reached `generated` tokens that the
+    chain waits for (a fork point: neither set, the request runs on)."""
+
+    handle: int
+    generated: int
+    completion: Completion | None = None
+    error: BaseException | None = None  # the engine refused or lost the request
+
+    @property
+    def ended(self) -> bool:
+        return self.completion is not None or self.error is not None
+
+
+class StreamingEngine(Protocol):
+    """Per-request submission with completion events, partial tokens at fork points, abort and
+    priority (lower runs first). Handles are the engine's own; events name them."""
+
+    @property
+    def busy(self) -> bool:
+        """Requests are running or waiting, or events are not collected yet."""
+        ...
+
+    @property
+    def free_batch(self) -> float:
+        """Sequences the device runs before speculation stops paying (inf: unlimited), shared by
+        the chains (presto_ray/speculation.py)."""
+        ...
+
+    def submit(self, request: ProposalRequest, priority: float = 0.0) -> int:
+        """Start `request`; its handle. Raises ValueError for a request the engine cannot serve."""
+        ...
+
+    def wake_at(self, handle: int, generated: int) -> None:
+        """Raise an event once `handle` has `generated` tokens (at once if it has them)."""
+        ...
+
+    def partial_tokens(self, handle: int) -> tuple[int, ...]:
+        """The tokens `handle` has generated so far (final: a proposal never rewrites them)."""
+        ...
+
+    def abort(self, handle: int) -> None:
+        """Stop `handle` and free its slot; no event follows. Unknown or ended handles are ignored."""
+        ...
+
+    def advance(self) -> Sequence[EngineEvent]:
+        """Block until something happens: the events since, of requests still live (an engine that
+        loses a request raises its error)."""
+        ...
+
+    async def next_events(self, timeout_s: float) -> Sequence[EngineEvent]:
+        """`advance` for an event loop (an engine replica): waits at most `timeout_s`, reports
+        errors as events."""
+        ...
+
+    def accounting(self) -> CallAccounting:
+        """Running totals since the streaming form was made: requests submitted, their prompt and
+        cached tokens, tokens decoded (aborted requests' included) and scored."""
+        ...
+
+
 @runtime_checkable
 class Engine(Protocol):
-    """Anything that turns a batch of proposal requests into completions in one call.
+    """Anything that turns a batch of proposal requests into completions in one call, and has a
+    per-request form for the streaming schedule.
 
     Both engines (the toy and vLLM) implement all of it, so drivers, replicas and the service
     never ask which engine they hold.
     """
 
-    tokenizer: Tokenizer
-    eos_token_id: int | None
-    model_name: str  # the id clients name (`/v1/models`)
-    context_length: int  # longest prompt + prefix + generation a request may reach
+    @property
+    def tokenizer(self) -> Tokenizer: ...
+
+    @property
+    def eos_token_id(self) -> int | None: ...
+
+    @property
+    def model_name(self) -> str:
+        """The id clients name (`/v1/models`)."""
+        ...
+
+    @property
+    def context_length(self) -> int:
+        """Longest prompt + prefix + generation a request may reach."""
+        ...
 
     def generate(self, requests: Sequence[ProposalRequest]) -> EngineOutput:
         """One batched call, blocking."""
@@ -118,7 +201,6 @@ class Engine(Protocol):
         """Free the engine's processes and memory; idempotent."""
         ...
 
-    def streaming(self):
-        """This engine's per-request form for the streaming schedule (presto_ray.streaming's
-        StreamingEngine: submit, completion events, partial tokens at fork points, abort, priority)."""
+    def streaming(self) -> StreamingEngine:
+        """This engine's per-request form for the streaming schedule."""
         ...

@@ -13,14 +13,12 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import replace
-from typing import TYPE_CHECKING, Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 
-from presto_ray.engines.base import CallAccounting, Completion, EngineOutput, ProposalRequest
-
-if TYPE_CHECKING:
-    from presto_ray.engines.virtual_clock import VirtualClockEngine
+from presto_ray.engines.base import CallAccounting, Completion, EngineOutput, FinishReason, ProposalRequest
+from presto_ray.engines.virtual_clock import VirtualClockEngine
 
 _HASH_MULT = 1_000_003
 _HASH_MOD = (1 << 61) - 1
@@ -123,7 +121,7 @@ class ToyEngine:
         logp0: list[float] = []
         logq: list[float] = []
         entropy: list[float] = []
-        finish = "length"
+        finish: FinishReason = "length"
         greedy = request.temperature == 0.0  # argmax decoding: q puts all its mass on one token
         inv_tau = 0.0 if greedy else 1.0 / request.temperature
         for _ in range(request.max_new_tokens):
@@ -152,13 +150,24 @@ class ToyEngine:
     def shutdown(self) -> None:
         """Nothing to free: the toy holds only numpy tables."""
 
-    def streaming(self, **clock) -> "VirtualClockEngine":
+    def streaming(
+        self,
+        *,
+        step_cost: float = 1.0,
+        step_cost_per_sequence: float = 0.0,
+        max_running: int | None = None,
+        seconds_per_time_unit: float | None = None,
+    ) -> VirtualClockEngine:
         """This model on a continuous-batching device in virtual time (per-request submission,
-        partial tokens, abort, priority); `clock`: VirtualClockEngine's cost settings. A decode
-        step takes `token_latency_s` of wall time in an engine replica unless `clock` says otherwise."""
-        from presto_ray.engines.virtual_clock import VirtualClockEngine
-
-        return VirtualClockEngine(self, **{"seconds_per_time_unit": self.token_latency_s, **clock})
+        partial tokens, abort, priority), with VirtualClockEngine's cost settings. A decode step
+        takes `token_latency_s` of wall time in an engine replica unless `seconds_per_time_unit` is given."""
+        return VirtualClockEngine(
+            self,
+            step_cost=step_cost,
+            step_cost_per_sequence=step_cost_per_sequence,
+            max_running=max_running,
+            seconds_per_time_unit=self.token_latency_s if seconds_per_time_unit is None else seconds_per_time_unit,
+        )
 
     def _generate(self, requests: Sequence[ProposalRequest]) -> EngineOutput:
         start = time.perf_counter()
@@ -225,10 +234,10 @@ class ToyTokenizer:
 
     encode_raw = encode  # the toy has no chat template to leave out
 
-    def apply_chat_template(self, messages) -> list[int]:
+    def apply_chat_template(self, messages: Sequence[Mapping[str, str]]) -> list[int]:
         return self.encode("".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant: ")
 
-    def decode(self, token_ids) -> str:
+    def decode(self, token_ids: Sequence[int]) -> str:
         use_alphabet = self.vocab_size <= len(_ALPHABET)
         return "".join(
             (_ALPHABET[t] if use_alphabet else f"<{t}>") for t in token_ids if t != self.eos_token_id

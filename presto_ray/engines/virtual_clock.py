@@ -1,4 +1,5 @@
-"""The toy model on a continuous-batching device simulated in virtual time.
+"""The toy model (any engine with deterministic completions) on a continuous-batching device
+simulated in virtual time.
 
 Requests are submitted one at a time and run as sequences of a continuously batched decode loop:
 each decode step generates one token for every running sequence and costs
@@ -21,8 +22,7 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from presto_ray.engines.base import CallAccounting, Completion, EngineOutput, ProposalRequest
-from presto_ray.engines.toy import ToyEngine
+from presto_ray.engines.base import CallAccounting, Completion, Engine, EngineEvent, EngineOutput, ProposalRequest, Tokenizer
 from presto_ray.speculation import free_batch
 
 
@@ -40,16 +40,6 @@ class _Sequence:
         return len(self.completion.token_ids) - self.generated
 
 
-@dataclass(frozen=True)
-class EngineEvent:
-    """`handle` finished (`completion` set) or reached `generated` tokens that someone waits for."""
-
-    handle: int
-    generated: int
-    completion: Completion | None = None
-    error: BaseException | None = None  # never set here: the toy refuses requests at submission
-
-
 @dataclass
 class ClockStats:
     decode_steps: int = 0  # decode iterations with at least one running sequence
@@ -62,22 +52,27 @@ class ClockStats:
 
 
 class VirtualClockEngine:
-    """A ToyEngine behind a continuous-batching scheduler on a virtual clock (see module doc)."""
+    """A ToyEngine behind a continuous-batching scheduler on a virtual clock (see module doc).
+
+    `model` computes each completion at submission (it must be a pure function of the request, as
+    the toy's is); the clock only decides when its tokens are revealed. Events never carry errors:
+    requests are refused at submission.
+    """
 
     def __init__(
         self,
-        toy: ToyEngine,
+        model: Engine,
         *,
         step_cost: float = 1.0,
         step_cost_per_sequence: float = 0.0,
         max_running: int | None = None,
         seconds_per_time_unit: float = 0.0,
     ) -> None:
-        self.toy = toy
-        self.tokenizer = toy.tokenizer
-        self.eos_token_id = toy.eos_token_id
-        self.model_name = toy.model_name
-        self.context_length = toy.context_length
+        self.model = model
+        self.tokenizer: Tokenizer = model.tokenizer
+        self.eos_token_id: int | None = model.eos_token_id
+        self.model_name: str = model.model_name
+        self.context_length: int = model.context_length
         self.step_cost, self.step_cost_per_sequence = float(step_cost), float(step_cost_per_sequence)
         self.max_running = max_running
         # In an engine replica (`next_events`), virtual time also passes in wall time at this rate,
@@ -94,7 +89,7 @@ class VirtualClockEngine:
 
     # --- streaming -------------------------------------------------------------------------
     def submit(self, request: ProposalRequest, priority: float = 0.0) -> int:
-        output = self.toy.generate([request])
+        output = self.model.generate([request])
         completion = output.completions[0]
         self._submitted.num_requests += 1
         self._submitted.prompt_tokens += output.accounting.prompt_tokens

@@ -7,7 +7,7 @@ second, scoring pass that prefills prompt + prefix + completion again and skips 
 
 This module wraps `vllm.v1.sample.sampler.Sampler.forward` so that a request asking for
 `SAMPLER_COLUMNS - 1` (or more) log-probabilities gets, for each sampled token x, in
-`flat_logprobs` order (read back by vllm_sampler_columns.py):
+`flat_logprobs` order (read back by sampler_columns.py):
 
 - column 0: (x, log q_tau(x)), vLLM's own processed log-probability (unchanged);
 - column 1: (x, log p0(x)), log_softmax of the logits before temperature;
@@ -24,7 +24,9 @@ are affected.
 
 from __future__ import annotations
 
-from presto_ray.engines.vllm_sampler_columns import ENTROPY_COLUMN, LOGP0_COLUMN, SAMPLER_COLUMNS
+from typing import Any
+
+from presto_ray.engines.vllm.sampler_columns import ENTROPY_COLUMN, LOGP0_COLUMN, SAMPLER_COLUMNS
 
 
 def _patch_sampler() -> None:
@@ -35,7 +37,7 @@ def _patch_sampler() -> None:
         return
     original = Sampler.forward
 
-    def forward(self, logits, sampling_metadata, *args, **kwargs):
+    def forward(self: Any, logits: Any, sampling_metadata: Any, *args: Any, **kwargs: Any) -> Any:
         # (self, logits, sampling_metadata, predict_bonus_token=False, logprobs_mode_override=None) in
         # vLLM 0.32; passed through as they come so that a changed signature still samples.
         mode = kwargs.get("logprobs_mode_override") or self.logprobs_mode
@@ -58,8 +60,8 @@ def _patch_sampler() -> None:
         tensors.logprobs[:, ENTROPY_COLUMN] = entropy
         return output
 
-    forward._presto_patched = True
-    Sampler.forward = forward
+    setattr(forward, "_presto_patched", True)  # a second import in the same worker leaves it alone
+    setattr(Sampler, "forward", forward)
 
 
 class PrestoWorkerExtension:

@@ -1,11 +1,12 @@
-"""VLLMEngine's per-request form for the streaming schedule (presto_ray.streaming.StreamingEngine).
+"""VLLMStreamingEngine: the vLLM engine's per-request form (base.StreamingEngine), for the
+streaming schedule (docs/streaming.md).
 
-Each request is one vLLM request streamed with DELTA outputs on the engine's event loop: its
+Each request is one vLLM request streamed with DELTA outputs on the runtime's event loop: its
 tokens and their log-probabilities (log q_tau, and log p0 and the entropy from the wrapped
-sampler) accumulate as they are decoded, a fork point the chain asked for raises an event as soon
-as the request has that many tokens, and when it ends it raises its completion event (after the
-scoring pass, when the engine scores separately). Abort is
-vLLM's `AsyncLLM.abort`; priority is vLLM's priority scheduling (lower first). The driver's
+sampler, read by the same codec as the batch path) accumulate as they are decoded, a fork point
+the chain asked for raises an event as soon as the request has that many tokens, and when it ends
+it raises its completion event (after the scoring pass, when the codec scores separately). Abort
+is vLLM's `AsyncLLM.abort`; priority is vLLM's priority scheduling (lower first). The driver's
 thread blocks in `advance` on a queue the loop thread fills.
 """
 
@@ -15,28 +16,17 @@ import asyncio
 import itertools
 import queue
 import threading
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from concurrent.futures import Future
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from presto_ray.engines.base import CallAccounting, Completion, ProposalRequest
-
-if TYPE_CHECKING:
-    from concurrent.futures import Future
-
-    from presto_ray.engines.vllm_engine import VLLMEngine
+from presto_ray.engines.base import CallAccounting, Completion, EngineEvent, ProposalRequest
+from presto_ray.engines.vllm.codec import CompletionOutput, VLLMCodec, cached_tokens, empty_completion, scored_tokens
+from presto_ray.engines.vllm.runtime import VLLMRuntime
 
 # vLLM's priorities are integers: a reach-based priority in [0, 1] keeps three digits.
 PRIORITY_SCALE = 1000
-
-
-@dataclass(frozen=True)
-class StreamEvent:
-    handle: int
-    generated: int
-    completion: Completion | None = None
-    error: BaseException | None = None
 
 
 @dataclass
@@ -44,9 +34,9 @@ class _Live:
     request: ProposalRequest
     request_id: str
     tokens: list[int] = field(default_factory=list)
-    columns: list[np.ndarray] = field(default_factory=list)  # VLLMEngine.token_columns of each delta
+    columns: list[np.ndarray] = field(default_factory=list)  # VLLMCodec.token_columns of each delta
     wakes: set[int] = field(default_factory=set)
-    future: "Future | None" = None
+    future: Future[None] | None = None
 
 
 @dataclass
@@ -57,15 +47,19 @@ class StreamStats:
 
 
 class VLLMStreamingEngine:
-    def __init__(self, engine: "VLLMEngine") -> None:
-        self.engine = engine
-        self.eos_token_id = engine.eos_token_id
-        self.free_batch = float(engine.config.free_batch)
+    """Streams on `runtime`'s AsyncLLM, read by `codec`; `free_batch`: sequences the chains share
+    (VLLMEngineConfig.free_batch)."""
+
+    def __init__(self, runtime: VLLMRuntime, codec: VLLMCodec, *, free_batch: float) -> None:
+        self.runtime = runtime
+        self.codec = codec
+        self.eos_token_id = codec.eos_token_id
+        self.free_batch = free_batch
         self.clock = StreamStats()
         self._handles = itertools.count()
         self._live: dict[int, _Live] = {}
         self._lock = threading.Lock()  # tokens, wakes and counters are shared with the loop thread
-        self._events: queue.SimpleQueue[StreamEvent] = queue.SimpleQueue()
+        self._events: queue.SimpleQueue[EngineEvent] = queue.SimpleQueue()
         self._accounting = CallAccounting()
 
     # --- StreamingEngine -------------------------------------------------------------------
@@ -74,14 +68,14 @@ class VLLMStreamingEngine:
         return bool(self._live)
 
     def submit(self, request: ProposalRequest, priority: float = 0.0) -> int:
-        self.engine.validate(request)
+        self.codec.validate(request)
         handle = next(self._handles)
         live = _Live(request, f"presto-stream-{id(self)}-{handle}")
         self._live[handle] = live
         with self._lock:
             self._accounting.num_requests += 1
             self._accounting.prompt_tokens += len(request.context_token_ids)
-        live.future = self.engine.submit_coroutine(self._run(handle, live, round(priority * PRIORITY_SCALE)))
+        live.future = self.runtime.submit(self._run(handle, live, round(priority * PRIORITY_SCALE)))
         return handle
 
     def wake_at(self, handle: int, generated: int) -> None:
@@ -90,7 +84,7 @@ class VLLMStreamingEngine:
             return
         with self._lock:
             if len(live.tokens) >= generated:
-                self._events.put(StreamEvent(handle, len(live.tokens)))
+                self._events.put(EngineEvent(handle, len(live.tokens)))
             else:
                 live.wakes.add(generated)
 
@@ -108,9 +102,9 @@ class VLLMStreamingEngine:
         with self._lock:
             self.clock.aborted_requests += 1
             self.clock.wasted_tokens += len(live.tokens)
-        self.engine.submit_coroutine(self.engine.abort_request(live.request_id))
+        self.runtime.submit(self.runtime.abort(live.request_id))
 
-    def advance(self) -> list[StreamEvent]:
+    def advance(self) -> list[EngineEvent]:
         """Block until something happens; every event since, of requests still live (a refused
         request raises its error)."""
         events = self._accept(self._events.get())
@@ -119,7 +113,7 @@ class VLLMStreamingEngine:
                 raise event.error
         return events
 
-    async def next_events(self, timeout_s: float) -> list[StreamEvent]:
+    async def next_events(self, timeout_s: float) -> list[EngineEvent]:
         """`advance` for an event loop (an engine replica actor): waits in a worker thread, at
         most `timeout_s`, and returns a refused request's error as its event instead of raising."""
         try:
@@ -128,49 +122,44 @@ class VLLMStreamingEngine:
             return []
         return self._accept(first)
 
-    def _accept(self, first: StreamEvent) -> list[StreamEvent]:
+    def _accept(self, first: EngineEvent) -> list[EngineEvent]:
         """`first` and every event queued since, of requests still live; ended ones are forgotten."""
         events = [first]
         while not self._events.empty():
             events.append(self._events.get_nowait())
         live = [e for e in events if e.handle in self._live]
         for event in live:
-            if event.completion is not None or event.error is not None:
+            if event.ended:
                 del self._live[event.handle]
         return live
 
     def accounting(self) -> CallAccounting:
         """Requests submitted, their prompt and cached tokens, tokens decoded and scored."""
         with self._lock:
-            a = CallAccounting(**vars(self._accounting))
-            a.generated_tokens = self.clock.generated_tokens
-        return a
+            return replace(self._accounting, generated_tokens=self.clock.generated_tokens)
 
-    def streaming(self) -> "VLLMStreamingEngine":
-        return self
-
-    # --- on the engine's loop ---------------------------------------------------------------
+    # --- on the runtime's loop ---------------------------------------------------------------
     async def _run(self, handle: int, live: _Live, priority: int) -> None:
         request = live.request
         try:
             cached = 0
             if request.max_new_tokens > 0:
-                params = self.engine.sampling_params(request, delta=True)
-                async for out in self.engine.stream(list(request.context_token_ids), params, live.request_id, priority):
-                    cached = int(out.num_cached_tokens or 0) or cached
+                params = self.codec.sampling_params(request, "delta")
+                async for out in self.runtime.stream(self.codec.prompt(request), params, live.request_id, priority):
+                    cached = cached_tokens(out) or cached
                     self._append(handle, live, out.outputs[0])
             if handle not in self._live:
                 return  # aborted: nothing to score
-            completion = await self._finish(live, cached) if live.tokens else Completion((), np.zeros(0), np.zeros(0), "length")
-            self._events.put(StreamEvent(handle, len(live.tokens), completion))
+            completion = await self._finish(live, cached) if live.tokens else empty_completion()
+            self._events.put(EngineEvent(handle, len(live.tokens), completion))
         except asyncio.CancelledError:
             raise
         except Exception as error:  # the engine refused the request: the chain fails with its message
-            self._events.put(StreamEvent(handle, len(live.tokens), error=error))
+            self._events.put(EngineEvent(handle, len(live.tokens), error=error))
 
-    def _append(self, handle: int, live: _Live, delta) -> None:
+    def _append(self, handle: int, live: _Live, delta: CompletionOutput) -> None:
         tokens = [int(t) for t in delta.token_ids]
-        columns = self.engine.token_columns(delta.logprobs, tokens)
+        columns = self.codec.token_columns(delta.logprobs, tokens)
         with self._lock:
             live.columns.append(columns)
             live.tokens.extend(tokens)
@@ -178,12 +167,12 @@ class VLLMStreamingEngine:
             reached = {w for w in live.wakes if w <= len(live.tokens)}
             live.wakes -= reached
         if reached:
-            self._events.put(StreamEvent(handle, len(live.tokens)))
+            self._events.put(EngineEvent(handle, len(live.tokens)))
 
     async def _finish(self, live: _Live, cached: int) -> Completion:
         tokens = tuple(live.tokens)
-        score = await self.engine.score_if_separate(live.request, tokens)
+        score = await self.runtime.score_if_separate(self.codec, live.request, tokens)
         with self._lock:
             self._accounting.cached_prompt_tokens += cached
-            self._accounting.scoring_tokens += self.engine.scored_tokens(score)
-        return self.engine.completion(live.request, tokens, np.concatenate(live.columns), score, cached)
+            self._accounting.scoring_tokens += scored_tokens(score)
+        return self.codec.completion(live.request, tokens, np.concatenate(live.columns), score, cached)

@@ -1,0 +1,92 @@
+"""ChainStream.step, the one streaming step both drivers call: whether events arrive one at a time
+(the in-process driver) or a batch at a time (the Ray driver), the chain walks the serial
+trajectory; each fork point is asked for once; errors and stale events are handled in one place."""
+
+import pytest
+
+from presto_ray import SamplerConfig
+from presto_ray.chain import Chain
+from presto_ray.engines.toy import ToyEngine
+from presto_ray.stream_step import ChainStream, StreamEvent, StreamRequestError
+from identity_helpers import run_recorded
+
+TOY = dict(vocab_size=64, logit_scale=4.0, eos_bias=-3.0, seed=1)
+
+
+def _run_batched(engine, chain):
+    """The Ray driver's shape on the virtual clock: every batch of engine events goes to the chain
+    in one step. Checks that no fork point is asked for twice while its request runs."""
+    stream = ChainStream(chain)
+    handles, keys, asked = {}, {}, set()
+    actions = stream.step()
+    while True:
+        for key in actions.aborts:
+            engine.abort(handles.pop(key))
+        if actions.done:
+            return
+        for start in actions.starts:
+            handles[start.key] = engine.submit(start.request, start.priority)
+            keys[handles[start.key]] = start.key
+        for key, needed in actions.wakes:
+            assert (key, needed) not in asked and chain.is_running(key)
+            asked.add((key, needed))
+            engine.wake_at(handles[key], needed)
+        events = []
+        for event in engine.advance():
+            key = keys.get(event.handle)
+            if key is None or handles.get(key) != event.handle:
+                continue  # aborted
+            if event.completion is not None:
+                del handles[key]
+                asked = {(k, n) for k, n in asked if k != key}
+                events.append(StreamEvent(key, completion=event.completion))
+            else:
+                events.append(StreamEvent(key, partial=engine.partial_tokens(event.handle)))
+        assert events or not engine.busy, "the engine went idle with the chain unfinished"
+        actions = stream.step(events)
+
+
+@pytest.mark.parametrize("fixed_length", [True, False])
+@pytest.mark.parametrize("sampler", ["power_mh", "entropy_cut", "multi_try"])
+def test_batched_events_walk_the_serial_chain(fixed_length, sampler):
+    toy = ToyEngine(**TOY)
+    extra = {"num_tries": 2} if sampler == "multi_try" else {}
+    config = SamplerConfig(block_size=32, mh_steps=12, prefetch_budget=8, seed=3, fixed_length=fixed_length, sampler=sampler, schedule="streaming", **extra)
+    chain = Chain([5, 6, 7], config, toy.eos_token_id, record_edges=True)
+    engine = toy.streaming()
+    _run_batched(engine, chain)
+    serial = run_recorded(toy, [5, 6, 7], config.model_copy(update={"traversal": "serial", "schedule": "rounds"}))
+    assert chain.edges == serial.edges and chain.state.tokens == serial.state.tokens
+    assert chain.running_requests == 0 and not engine.busy
+    if sampler == "power_mh":
+        assert chain.stats.forked_requests > 0 and chain.stats.aborted_requests > 0  # the step forks and aborts here
+
+
+def test_an_error_event_raises_and_a_stale_event_is_ignored():
+    toy = ToyEngine(**TOY)
+    chain = Chain([5, 6], SamplerConfig(block_size=16, mh_steps=4, prefetch_budget=4, seed=1, schedule="streaming"), toy.eos_token_id)
+    stream = ChainStream(chain)
+    first = stream.step()
+    assert first.starts and not first.done and first.transitions == 0
+    key = first.starts[0].key
+    stale = stream.step([StreamEvent((99, (), 0), error="lost")])  # not a running request of this chain
+    assert not stale.done and chain.is_running(key)
+    with pytest.raises(StreamRequestError, match="refused: too long"):
+        stream.step([StreamEvent(key, error="refused: too long")])
+
+
+def test_a_finished_chain_aborts_what_runs_and_starts_nothing():
+    toy = ToyEngine(**TOY)
+    config = SamplerConfig(block_size=16, mh_steps=4, prefetch_budget=6, seed=2, schedule="streaming")
+    chain = Chain([5, 6], config, toy.eos_token_id)
+    stream = ChainStream(chain)
+    actions = stream.step()
+    completions = {}
+    while not actions.done:
+        completions.update((s.key, toy.generate([s.request]).completions[0]) for s in actions.starts)
+        running = {key for key in completions if chain.is_running(key)}
+        needed = min(running)  # deliver in any order: the walk waits for what it needs
+        actions = stream.step([StreamEvent(needed, completion=completions.pop(needed))])
+    assert actions.starts == () and actions.wakes == ()
+    assert set(actions.aborts) == running - {needed}  # what still ran when the chain finished
+    assert chain.running_requests == 0 and chain.done
