@@ -4,7 +4,7 @@ Each chain runs alone on a GPU-like device (every decode step costs 1 whatever t
 no limit on running sequences), so the figures are latencies in decode steps: exact and free of
 machine noise. A request costs its generated tokens in steps once its prefix exists; rounds wait
 for their slowest request; streaming walks each completion as it lands, forks from partial
-proposals and aborts dead branches (ALGORITHM.md section 4b). Plain decoding of the horizon costs
+proposals and aborts dead branches (docs/streaming.md). Plain decoding of the horizon costs
 T steps, so `latency_vs_plain` = decode steps / T.
 """
 

@@ -1,4 +1,4 @@
-"""Keyed randomness (docs/algorithm.md, "Keyed randomness").
+"""Keyed randomness (docs/algorithm.md, section 3).
 
 Every random choice of a chain is a pure function of (chain seed, domain, index), never of call
 order, so any schedule of model calls reproduces the serial chain exactly.

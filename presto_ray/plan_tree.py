@@ -1,4 +1,4 @@
-"""Building the planning DAG of a prefetch round (docs/algorithm.md, "Prefetching").
+"""Building the planning DAG of a prefetch round (docs/algorithm.md, section 4).
 
 Tree nodes that share the facts that decide their future requests are merged into one class:
 (known: the leading tokens the state certainly holds, length: the state's length, exact or

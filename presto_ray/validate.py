@@ -155,7 +155,7 @@ class _NoCutCorrection:
 
 
 class PowerMHWithoutLengthCorrection(_NoCutCorrection, PowerMHKernel):
-    """The published reference code's EOS bug (ALGORITHM.md section 6): a wrong law."""
+    """The published reference code's EOS bug (docs/algorithm.md, section 7): a wrong law."""
 
 
 class MultiTryWithoutLengthCorrection(_NoCutCorrection, MultiTryKernel):
