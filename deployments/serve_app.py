@@ -18,27 +18,32 @@ they die with the pool.
 
 This module is the transport only: the bearer token, the bounded body read, running the chains
 and streaming their events. What a body may say and what the service answers (fields, prompts,
-seeds, every response body) is presto_ray/openai_api.py.
+seeds, every response body) is the library's presto_ray/openai/ package; the /v1/stats body is
+built from the coordinator's snapshot by deployments/serve_stats.py.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel
 from ray import serve
 from ray.exceptions import RayActorError
 
 from actors.chain_actor import drive_chain
 from actors.cluster import SamplingCluster, ensure_ray
 from actors.coordinator_shards import CoordinatorShards
+from deployments.serve_stats import stats_response
 from presto_ray.chain import Chain
 from presto_ray.engines import build_tokenizer
 from presto_ray.job import JobConfig
-from presto_ray.openai_api import (
+from presto_ray.openai import (
     ApiError,
     Prepared,
     SampledChoice,
@@ -54,9 +59,9 @@ from presto_ray.openai_api import (
     prepare,
     progress_chunk,
     sse_event,
-    stats_body,
     stream_end,
 )
+from presto_ray.results import SampleResult
 from presto_ray.serve_config import API_KEY_ENV
 
 # FastAPI's own docs routes cannot see the API key: the ingress serves them itself, behind it
@@ -74,7 +79,7 @@ def _model_name(config: JobConfig) -> str:
 
 
 @api.middleware("http")
-async def _tag_replica(request: Request, call_next):
+async def _tag_replica(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
     """Say which ingress replica answered (operators, and the test that two replicas share a pool)."""
     response = await call_next(request)
     response.headers["x-presto-ingress-replica"] = serve.get_replica_context().replica_id.unique_id
@@ -92,12 +97,15 @@ class SamplingPool:
     """The engine replicas and coordinator shards of one application (one replica; Ray restarts
     what dies inside it, and the actors it owns die with it)."""
 
-    def __init__(self, config: dict) -> None:
-        config = JobConfig.model_validate(config)
-        self.cluster = SamplingCluster(config.engine, config.ray).start()
+    def __init__(self, config: dict[str, Any]) -> None:
+        job = JobConfig.model_validate(config)
+        self.cluster = SamplingCluster(job.engine, job.ray).start()
 
     def coordinators(self) -> CoordinatorShards:
-        return self.cluster.coordinators
+        shards = self.cluster.coordinators
+        if shards is None:  # start() sets them; None only once shut down
+            raise RuntimeError("the sampling pool is shut down")
+        return shards
 
     def __del__(self) -> None:  # Serve calls it when the application goes: free the engines
         try:
@@ -109,7 +117,7 @@ class SamplingPool:
 @serve.deployment(ray_actor_options={"num_cpus": 0}, max_ongoing_requests=1024)
 @serve.ingress(api)
 class PrestoIngress:
-    def __init__(self, config: dict, pool) -> None:
+    def __init__(self, config: dict[str, Any], pool: Any) -> None:  # pool: SamplingPool's DeploymentHandle
         self.config = JobConfig.model_validate(config)
         self.settings = self.config.serve
         self.model_name = _model_name(self.config)
@@ -127,54 +135,57 @@ class PrestoIngress:
         return self._coordinators
 
     # --- routes --------------------------------------------------------------------------
+    # response_model=None: FastAPI would read the return annotations as response models (the
+    # bodies are built and validated by the library; the POST routes' schema is openapi_route's).
+    # /health keeps its annotation as its documented response, as before.
     @api.get("/health")
-    async def health(self) -> dict:
+    async def health(self) -> dict[str, Any]:
         return {"status": "ok"}
 
-    @api.get("/v1/models")
-    async def models(self, request: Request):
+    @api.get("/v1/models", response_model=None)
+    async def models(self, request: Request) -> BaseModel | JSONResponse:
         if denied := self._denied(request):
             return denied
         return models_body(self.model_name)
 
-    @api.get("/v1/stats")
-    async def stats(self, request: Request):
+    @api.get("/v1/stats", response_model=None)
+    async def stats(self, request: Request) -> BaseModel | JSONResponse:
         if denied := self._denied(request):
             return denied
         try:
-            return stats_body(await (await self.coordinators()).snapshot())
+            return stats_response(await (await self.coordinators()).snapshot())
         except Exception as e:  # the coordinator is restarting: no internals in the answer
             self._forget_dead_pool(e)
             return _error_response(internal_error(e))
 
-    @api.get("/openapi.json")
-    async def openapi(self, request: Request):
+    @api.get("/openapi.json", response_model=None)
+    async def openapi(self, request: Request) -> JSONResponse:
         if denied := self._denied(request):
             return denied
         return JSONResponse(api.openapi())
 
-    @api.get("/docs")
-    async def docs(self, request: Request):
+    @api.get("/docs", response_model=None)
+    async def docs(self, request: Request) -> HTMLResponse | JSONResponse:
         if denied := self._denied(request):
             return denied
         return get_swagger_ui_html(openapi_url=f"{request.scope.get('root_path', '')}/openapi.json", title="presto-ray")
 
-    @api.get("/redoc")
-    async def redoc(self, request: Request):
+    @api.get("/redoc", response_model=None)
+    async def redoc(self, request: Request) -> HTMLResponse | JSONResponse:
         if denied := self._denied(request):
             return denied
         return get_redoc_html(openapi_url=f"{request.scope.get('root_path', '')}/openapi.json", title="presto-ray")
 
-    @api.post("/v1/completions", **openapi_route(chat=False))
-    async def completions(self, request: Request):
+    @api.post("/v1/completions", response_model=None, **openapi_route(chat=False))
+    async def completions(self, request: Request) -> BaseModel | Response:
         return await self._handle(request, chat=False)
 
-    @api.post("/v1/chat/completions", **openapi_route(chat=True))
-    async def chat_completions(self, request: Request):
+    @api.post("/v1/chat/completions", response_model=None, **openapi_route(chat=True))
+    async def chat_completions(self, request: Request) -> BaseModel | Response:
         return await self._handle(request, chat=True)
 
     # --- one request ---------------------------------------------------------------------
-    async def _handle(self, request: Request, chat: bool):
+    async def _handle(self, request: Request, chat: bool) -> BaseModel | Response:
         try:
             return await self._answer(request, chat)
         except Exception as e:  # a bug or a dead engine, never the client's input: no internals in the body
@@ -185,7 +196,7 @@ class PrestoIngress:
         if isinstance(error, RayActorError):  # the pool may have been restarted with new actors
             self._coordinators = None
 
-    async def _answer(self, request: Request, chat: bool):
+    async def _answer(self, request: Request, chat: bool) -> BaseModel | Response:
         try:
             self._authorize(request)
             check_content_type(request.headers.get("content-type"))
@@ -215,11 +226,14 @@ class PrestoIngress:
             return _error_response(internal_error(e, prepared.id))
         return completion_response(prepared, [self._choice(prepared, i, r) for i, r in enumerate(results)])
 
-    async def _stream(self, coordinator, prepared: Prepared, chains: list[Chain], ids: list[tuple[str, int]]):
-        """Server-sent events: a progress chunk per round per chain, then each choice's text."""
-        events: asyncio.Queue = asyncio.Queue()
+    async def _stream(
+        self, coordinator: Any, prepared: Prepared, chains: list[Chain], ids: list[tuple[str, int]]
+    ) -> AsyncIterator[str]:
+        """Server-sent events: a progress chunk per round per chain, then each choice's text.
+        `coordinator`: the prompt's coordinator shard (an actor handle)."""
+        events: asyncio.Queue[BaseModel | SampledChoice | None] = asyncio.Queue()
 
-        async def run(i: int):
+        async def run(i: int) -> None:
             async def progress(chain: Chain) -> None:
                 await events.put(progress_chunk(prepared, i, chain.stats, chain.event_index, chain.schedule.num_events))
 
@@ -233,7 +247,7 @@ class PrestoIngress:
 
         tasks = [asyncio.create_task(run(i)) for i in range(len(chains))]
         try:
-            over, finished = 0, []
+            over, finished = 0, list[SampledChoice]()
             while over < len(tasks):
                 event = await events.get()
                 if event is None:
@@ -249,7 +263,7 @@ class PrestoIngress:
             for task in tasks:
                 task.cancel()  # the client went away: stop its chains
 
-    def _choice(self, prepared: Prepared, index: int, result):
+    def _choice(self, prepared: Prepared, index: int, result: SampleResult) -> SampledChoice:
         return choice_from_result(index, result, prepared.configs[index].seed, self.tokenizer, prepared.logprobs)
 
     # --- helpers -------------------------------------------------------------------------
@@ -276,7 +290,7 @@ class PrestoIngress:
         return raw
 
 
-def build_app(args: dict | None = None):
+def build_app(args: dict[str, Any] | None = None) -> Any:  # a bound Serve Application
     """Serve's application builder. `args`: {"config": YAML path} plus optional `serve:` fields
     (e.g. "api_key"), as `serve run` / serveConfigV2 pass them."""
     args = dict(args or {})
@@ -287,7 +301,7 @@ def build_app(args: dict | None = None):
     return app_for(config)
 
 
-def app_for(config: JobConfig):
+def app_for(config: JobConfig) -> Any:  # a bound Serve Application
     """The application: the ingress (replicas or autoscaling from `serve:`) over one sampling pool."""
     as_json = config.model_dump(mode="json")
     ingress = PrestoIngress.options(**config.serve.ingress_deployment_options())
@@ -308,7 +322,7 @@ def run_service(config: JobConfig, address: str | None = None) -> None:
     import signal
     import time
 
-    def stop(signum, frame):
+    def stop(signum: int, frame: object) -> None:
         raise KeyboardInterrupt
 
     # explicit: a process started in the background of a non-interactive shell inherits SIGINT

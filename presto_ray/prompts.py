@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator, Literal, get_args
 
-# The chat roles a prompt may use, in batch files and over HTTP alike (openai_api.py uses this type)
+# The chat roles a prompt may use, in batch files and over HTTP alike (presto_ray/openai/protocol.py uses this type)
 ChatRole = Literal["system", "user", "assistant"]
 CHAT_ROLES: tuple[str, ...] = get_args(ChatRole)
 

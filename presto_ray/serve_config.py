@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 API_KEY_ENV = "PRESTO_RAY_API_KEY"
@@ -58,9 +60,9 @@ class ServeSettings(BaseModel):
         "(a chain proposes about half as many tokens); bounds how long one request holds the engines.",
     )
 
-    def ingress_deployment_options(self) -> dict:
+    def ingress_deployment_options(self) -> dict[str, Any]:
         """Serve's `.options()` for the ingress deployment."""
-        options: dict = {"max_ongoing_requests": self.max_ongoing_requests}
+        options: dict[str, Any] = {"max_ongoing_requests": self.max_ongoing_requests}
         if self.ingress_autoscaling is None:
             options["num_replicas"] = self.ingress_replicas
         else:

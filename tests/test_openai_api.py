@@ -12,7 +12,8 @@ import pytest
 from presto_ray.config import SamplerConfig
 from presto_ray.engines import ToyEngineSpec
 from presto_ray.keys import derive_seed
-from presto_ray.openai_api import (
+from presto_ray.openai import (
+    HTTP_FIGURES,
     ApiError,
     Prepared,
     check_api_key,
@@ -27,7 +28,6 @@ from presto_ray.openai_api import (
     prepare,
     progress_chunk,
     sse_event,
-    stats_body,
     stream_end,
 )
 from presto_ray.results import SampleResult, SampleStats
@@ -313,19 +313,106 @@ def test_error_event_models_and_stats_bodies():
     assert "err-" in error["message"] and "secret" not in error["message"]
     models = openai.types.Model.model_validate(models_body("toy").model_dump()["data"][0])
     assert (models.id, models.object, models.owned_by) == ("toy", "model", "presto-ray")
-    from actors.coordinator_stats import CoordinatorCounters, CoordinatorSnapshot
-    from presto_ray.engines import CallAccounting
-
-    snapshot = CoordinatorSnapshot(
-        CoordinatorCounters(submitted_requests=9, deduplicated=2),
-        CallAccounting(calls=3, num_requests=7, prompt_tokens=40, cached_prompt_tokens=30),
-        calls_per_replica=[2, 1], inflight_calls_per_replica=[0, 1], healthy=[True, True], queue_depth=4,
-    )  # fmt: skip
-    body = stats_body(snapshot)
+    body = stats_body(SNAPSHOT)
     assert json.loads(json.dumps(body)) == body  # plain JSON, one level
     assert (body["calls"], body["num_requests"], body["submitted_requests"], body["deduplicated"]) == (3, 7, 9, 2)
     assert body["requests_per_call"] == pytest.approx(7 / 3) and body["cached_token_share"] == 0.75
     assert body["calls_per_replica"] == [2, 1] and body["queue_depth"] == 4
+
+
+def stats_body(snapshot) -> dict:
+    """GET /v1/stats as clients read it: the typed body the deployment builds, as JSON."""
+    from deployments.serve_stats import stats_response
+
+    return json.loads(stats_response(snapshot).model_dump_json())
+
+
+def _snapshot():
+    from actors.coordinator_stats import CoordinatorCounters, CoordinatorSnapshot
+    from presto_ray.engines import CallAccounting
+
+    return CoordinatorSnapshot(
+        CoordinatorCounters(submitted_requests=9, deduplicated=2, chains_finished=5, stream_aborts=1),
+        CallAccounting(calls=3, num_requests=7, prompt_tokens=40, cached_prompt_tokens=30, wall_time_s=2.5),
+        calls_per_replica=[2, 1], inflight_calls_per_replica=[0, 1], inflight_requests_per_replica=[0, 3],
+        healthy=[True, True], queue_depth=4, streams_running=2, active_replicas=2,
+    )  # fmt: skip
+
+
+SNAPSHOT = _snapshot()
+# the /v1/stats keys as clients have read them (bench/load_test.py and tests/test_serve.py among them), in order
+STATS_KEYS = [
+    "submitted_requests", "deduplicated", "chains_finished", "chains_abandoned", "chains_expired", "replica_failures",
+    "resent_requests", "max_queue_depth", "max_requests_per_call", "affinity_misses", "streamed_requests",
+    "stream_aborts", "calls", "num_requests", "prompt_tokens", "cached_prompt_tokens", "generated_tokens",
+    "scoring_tokens", "scoring_time_s", "wall_time_s", "requests_per_call", "cached_token_share", "calls_per_replica",
+    "inflight_calls_per_replica", "inflight_requests_per_replica", "healthy", "active_replicas", "ongoing_requests",
+    "queue_depth", "chains_active", "coordinator_shards", "streams_running",
+]  # fmt: skip
+
+
+def test_the_stats_body_keeps_its_keys_and_reads_the_snapshot():
+    from presto_ray.openai import StatsResponse
+
+    body = stats_body(SNAPSHOT)
+    assert list(body) == STATS_KEYS
+    assert StatsResponse.model_validate(body).model_dump(mode="json") == body  # the typed body, round trip
+    assert (body["chains_finished"], body["stream_aborts"], body["wall_time_s"]) == (5, 1, 2.5)
+    assert body["ongoing_requests"] == SNAPSHOT.ongoing_requests == 4 + 3 + 2
+    assert (body["streams_running"], body["active_replicas"], body["coordinator_shards"]) == (2, 2, 1)
+    assert body["inflight_requests_per_replica"] == [0, 3] and body["healthy"] == [True, True]
+    # two shards: the body is the combined snapshot's
+    from actors.coordinator_stats import CoordinatorSnapshot
+
+    both = stats_body(CoordinatorSnapshot.combine([SNAPSHOT, _snapshot()]))
+    assert (both["submitted_requests"], both["calls"], both["coordinator_shards"]) == (18, 6, 2)
+    assert both["calls_per_replica"] == [4, 2] and both["requests_per_call"] == pytest.approx(7 / 3)
+
+
+# --- the chains' figures: one mapping from SampleStats to HTTP names -----------------------------
+# every field distinct, so a figure read from the wrong field shows
+DISTINCT = SampleStats(
+    rounds=3, stream_batches=5, transitions=7, accepted=2, extensions=11, requests=13, requests_used=17,
+    aborted_requests=19, forked_requests=23, generated_tokens=29, certain_edges=31, prompt_tokens=37,
+    cached_prompt_tokens=41, wall_time_s=43.0,
+)  # fmt: skip
+
+
+def test_every_http_figure_is_read_from_its_sample_stats_field():
+    from presto_ray.openai import PowerSamplingStats, PowerSamplingUsage, ProgressEvent
+    from presto_ray.openai.figures import choice_figures, progress_event, usage_figures
+
+    assert all(hasattr(DISTINCT, field) for field in HTTP_FIGURES.values())
+    assert {k: v for k, v in HTTP_FIGURES.items() if k != v} == {
+        "prefill_tokens": "prompt_tokens", "cached_prefill_tokens": "cached_prompt_tokens"
+    }  # fmt: skip
+    non_figures = {"seed", "event", "events_done", "events_total"}
+    shapes = [
+        (PowerSamplingStats, choice_figures(DISTINCT, seed=1).model_dump()),
+        (PowerSamplingUsage, usage_figures([DISTINCT]).model_dump()),
+        (ProgressEvent, progress_event(DISTINCT, 1, 2).model_dump()),
+    ]
+    for shape, body in shapes:
+        figures = set(shape.model_fields) - non_figures
+        assert figures <= set(HTTP_FIGURES), shape  # no figure of its own, outside the mapping
+        assert {name: body[name] for name in figures} == {name: getattr(DISTINCT, HTTP_FIGURES[name]) for name in figures}
+    # usage sums the chains before mapping; the rates of a choice are the chain's own
+    summed = usage_figures([DISTINCT, DISTINCT]).model_dump()
+    assert summed["prefill_tokens"] == 2 * 37 and summed["aborted_requests"] == 2 * 19
+    assert choice_figures(DISTINCT, 1).acceptance_rate == pytest.approx(2 / 7)
+
+
+def test_the_power_sampling_fields_have_the_samplers_types():
+    """Their bounds are copied from SamplerConfig; their types are written out (for the type
+    checker): they must stay the sampler's, made optional."""
+    from presto_ray.openai import ChatRequest, CompletionRequest
+    from presto_ray.openai.protocol import POWER_FIELDS
+
+    for model in (CompletionRequest, ChatRequest):
+        for name in POWER_FIELDS:
+            field, sampler = model.model_fields[name], SamplerConfig.model_fields[name]
+            assert field.annotation == sampler.annotation | None, name
+            assert field.metadata == sampler.metadata and field.default is None, name
 
 
 # --- hardening (issue 15) --------------------------------------------------------------------

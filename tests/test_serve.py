@@ -12,6 +12,7 @@ from presto_ray.config import SamplerConfig
 from presto_ray.driver import sample
 from presto_ray.job import JobConfig
 from presto_ray.keys import derive_seed
+from presto_ray.openai import StatsResponse
 
 ray = pytest.importorskip("ray")
 openai = pytest.importorskip("openai")
@@ -208,6 +209,7 @@ def test_concurrent_requests_share_merged_calls(toy_service):
     with ThreadPoolExecutor(16) as pool:
         answered = list(pool.map(ask, range(16)))
     after = httpx.get(f"{url}/v1/stats").json()
+    assert StatsResponse.model_validate(after).model_dump(mode="json") == after  # the typed body, nothing else
     replicas, responses = {tag for tag, _ in answered}, [r for _, r in answered]
     assert len(replicas) == 2, "Serve spreads concurrent requests over both ingress replicas"
     alive = [a["ActorClassName"] for a in actors().values() if a["State"] == "ALIVE"]
@@ -550,16 +552,26 @@ def test_a_client_that_disconnects_stops_its_chains_and_engine_work(toy_service)
 
 
 def test_the_load_test_script_on_the_toy_service(toy_service):
-    """bench/load_test.py's rounds, small (4 clients, 2 s): the checks it makes hold on a real service."""
-    from bench.load_test import run_rounds, service_rss_mb, verdict
+    """bench/load_test.py's rounds, small (4 clients, 2 s, two passes): the checks it makes hold
+    on a real service, the memory one included."""
+    from bench.load_test import memory_verdict, run_rounds, service_rss_mb, verdict
 
     url, _ = toy_service
-    rows = run_rounds(url, [4], 2.0, passes=1, progress=lambda _: None)
-    (row,) = rows
-    assert row["answered"] > 0 and row["left"] > 0, row  # the mix includes clients that leave
-    assert row["errors"] == 0 and row["lost_or_duplicated"] == 0, row["error_samples"]
-    assert row["chains_finished"] >= row["answered"]
-    # a client that left ended its chains at once (cancelled calls), not by the silence timeout
-    assert row["chains_expired"] == 0 and row["idle_after_s"] < 20, row
-    assert {"ingress", "Coordinator", "EngineReplica"} <= set(row["rss_mb_by_process"]) == set(service_rss_mb())
-    assert verdict(rows)["memory"]["flat"]  # one pass: trivially, but the verdict is computed
+    rows = run_rounds(url, [4], 2.0, passes=2, progress=lambda _: None)
+    assert [row["pass"] for row in rows] == [1, 2]
+    for row in rows:
+        assert row["answered"] > 0 and row["left"] > 0, row  # the mix includes clients that leave
+        assert row["errors"] == 0 and row["lost_or_duplicated"] == 0, row["error_samples"]
+        assert row["chains_finished"] >= row["answered"]
+        # a client that left ended its chains at once (cancelled calls), not by the silence timeout
+        assert row["chains_expired"] == 0 and row["idle_after_s"] < 20, row
+        assert {"ingress", "Coordinator", "EngineReplica"} <= set(row["rss_mb_by_process"]) == set(service_rss_mb())
+        assert row["service_rss_mb"] > 0, row
+    # the second pass (same load, the first pass's warm-up behind it) ends within the allowed
+    # growth of the first: the service's RSS, measured after each pass
+    memory = verdict(rows)["memory"]
+    assert memory["flat"] and memory["growth_mb"] <= memory["allowed_growth_mb"], memory
+    # and the verdict is a comparison that fails on a leak: the same passes, the second ending
+    # just past the allowance, are not flat
+    leaked = [rows[0], {**rows[1], "service_rss_mb": rows[0]["service_rss_mb"] + memory["allowed_growth_mb"] + 1}]
+    assert not memory_verdict(leaked)["flat"]
