@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import math
 
-from presto_ray.ray_config import ReplicaAutoscaling
+from presto_ray.ray_config import ReplicaAutoscalingConfig
 
 
-def desired_replicas(ongoing_requests: float, scaling: ReplicaAutoscaling) -> int:
+def desired_replicas(ongoing_requests: float, scaling: ReplicaAutoscalingConfig) -> int:
     """Replicas that would each hold `target_ongoing_requests` of the load, within the bounds."""
     wanted = math.ceil(ongoing_requests / scaling.target_ongoing_requests) if ongoing_requests > 0 else 0
     return min(scaling.max_replicas, max(scaling.min_replicas, wanted))
@@ -20,7 +20,7 @@ def desired_replicas(ongoing_requests: float, scaling: ReplicaAutoscaling) -> in
 class ReplicaScalingPolicy:
     """`decide(now, current, ongoing)` is the replica count to have now."""
 
-    def __init__(self, scaling: ReplicaAutoscaling) -> None:
+    def __init__(self, scaling: ReplicaAutoscalingConfig) -> None:
         self.scaling = scaling
         self._direction = 0  # +1: the load has asked for more since `_since`; -1: for fewer
         self._since = 0.0

@@ -28,7 +28,7 @@ class BatchingPolicy:
 
     @classmethod
     def from_settings(cls, settings) -> "BatchingPolicy":
-        """From a RaySettings (the `ray:` config section)."""
+        """From a RayConfig (the `ray:` config section)."""
         return cls(settings.batch_window_s, settings.max_batch_wait_s, settings.max_requests_per_call, settings.max_inflight_calls)
 
     # Deadlines are compared as `now >= start + wait`, the same sums `next_deadline` returns, so a

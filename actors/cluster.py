@@ -18,8 +18,8 @@ from actors.coordinator_shards import CoordinatorShards, shard_replicas
 from actors.coordinator_stats import CoordinatorSnapshot
 from actors.engine_replica import EngineReplica
 from actors.replica_autoscaler import ReplicaAutoscaler
-from presto_ray.engines import EngineSpec
-from presto_ray.ray_config import RaySettings
+from presto_ray.engines import EngineConfig
+from presto_ray.ray_config import RayConfig
 
 
 def ensure_ray(address: str | None = None, quiet: bool = False) -> None:
@@ -37,7 +37,7 @@ class SamplingCluster:
     """
 
     def __init__(
-        self, engine_spec: EngineSpec, settings: RaySettings, *, address: str | None = None, replicas: list | None = None
+        self, engine_spec: EngineConfig, settings: RayConfig, *, address: str | None = None, replicas: list | None = None
     ) -> None:
         self.engine_spec, self.settings, self.address = engine_spec, settings, address
         self.replicas: list = list(replicas or [])

@@ -18,7 +18,7 @@ from presto_ray.engines.base import CallAccounting
 
 
 class CoordinatorCore:
-    """`settings` is a RaySettings (the `ray:` section); `replica_ids` the cluster indices of the
+    """`settings` is a RayConfig (the `ray:` section); `replica_ids` the cluster indices of the
     replicas driven, in the actor's order; `epoch` names this coordinator's streams on replicas."""
 
     def __init__(self, settings, replica_ids: Sequence[int], num_cluster_replicas: int, *, epoch: str) -> None:

@@ -13,7 +13,7 @@ from presto_ray.engines import (
     CallAccounting,
     EngineEvent,
     EngineOutput,
-    EngineSpec,
+    EngineConfig,
     ProposalRequest,
     StreamingEngine,
     build_engine,
@@ -35,7 +35,7 @@ class EngineReplica:
     coordinators may share a replica.
     """
 
-    def __init__(self, engine_spec: EngineSpec, replica_index: int) -> None:
+    def __init__(self, engine_spec: EngineConfig, replica_index: int) -> None:
         self.replica_index = replica_index
         self.engine = build_engine(engine_spec)
         self._stream_engine: StreamingEngine | None = None  # made on the first stream call

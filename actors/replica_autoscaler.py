@@ -12,7 +12,7 @@ import threading
 import time
 
 from actors.autoscaling_policy import ReplicaScalingPolicy
-from presto_ray.ray_config import ReplicaAutoscaling
+from presto_ray.ray_config import ReplicaAutoscalingConfig
 
 log = logging.getLogger(__name__)
 
@@ -21,7 +21,7 @@ class ReplicaAutoscaler:
     """`step(now)` is one pass (tests drive it with their own clock); `start()` runs a pass every
     `interval_s` on a daemon thread until `stop()`."""
 
-    def __init__(self, cluster, scaling: ReplicaAutoscaling) -> None:
+    def __init__(self, cluster, scaling: ReplicaAutoscalingConfig) -> None:
         self.cluster, self.scaling = cluster, scaling
         self.policy = ReplicaScalingPolicy(scaling)
         self.started_replicas: list[int] = []

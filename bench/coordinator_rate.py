@@ -19,7 +19,7 @@ import ray
 from actors.cluster import SamplingCluster
 from bench.table import Columns, format_table
 from presto_ray import __version__
-from presto_ray.engines import ToyEngineSpec
+from presto_ray.engines import ToyEngineConfig
 from presto_ray.engines.base import ProposalRequest
 from presto_ray.output import write_json_atomic
 from presto_ray.ray_config import RayConfig
@@ -65,7 +65,7 @@ class SubmitLoad:
 
 def measure(shards: int, chains: int, *, duration_s: float, requests_per_round: int, load_actors: int) -> dict:
     settings = RayConfig(num_replicas=4, coordinator_shards=shards, batch_window_s=0.01, max_batch_wait_s=0.05)
-    cluster = SamplingCluster(ToyEngineSpec(vocab_size=64), settings).start()
+    cluster = SamplingCluster(ToyEngineConfig(vocab_size=64), settings).start()
     try:
         remote = ray.remote(SubmitLoad).options(num_cpus=0, max_concurrency=4)
         loads = [remote.remote(cluster.coordinators) for _ in range(load_actors)]

@@ -17,15 +17,15 @@ from bench.table import Columns, format_table
 from presto_ray.chain import Chain
 from presto_ray.config import SamplerConfig
 from presto_ray.driver import run_chain
-from presto_ray.engines import ToyEngineSpec
+from presto_ray.engines import ToyEngineConfig
 from presto_ray.output import write_json_atomic
 
 HORIZON = 96
 # Peaked like an LLM (most MH edges certain). Fixed length: EOS is an ordinary token. With EOS,
 # eos_bias -2 ends about a third of the serial samples before the horizon (measured: 2 of 6).
 ENGINES = {
-    True: ToyEngineSpec(vocab_size=64, logit_scale=4.0, eos_bias=-3.0),
-    False: ToyEngineSpec(vocab_size=64, logit_scale=4.0, eos_bias=-2.0),
+    True: ToyEngineConfig(vocab_size=64, logit_scale=4.0, eos_bias=-3.0),
+    False: ToyEngineConfig(vocab_size=64, logit_scale=4.0, eos_bias=-2.0),
 }
 
 CLOCK = "virtual decode steps: step cost 1, batch free (b = 0), unlimited running sequences"
@@ -46,7 +46,7 @@ COLUMNS: Columns = [
 ]
 
 
-def _run(spec: ToyEngineSpec, config: SamplerConfig, prompt: list[int]) -> tuple[Chain, object]:
+def _run(spec: ToyEngineConfig, config: SamplerConfig, prompt: list[int]) -> tuple[Chain, object]:
     engine = spec.build().streaming()  # step_cost 1, b = 0, unlimited: a GPU whose batch is free
     chain = Chain(prompt, config, engine.eos_token_id)
     run_chain(engine, chain)
@@ -83,7 +83,7 @@ def _row(schedule: str, config: SamplerConfig, runs: list, serial: list) -> dict
     }
 
 
-def _chains_and_serial(spec: ToyEngineSpec, mh_steps: int, fixed_length: bool, chains: int):
+def _chains_and_serial(spec: ToyEngineConfig, mh_steps: int, fixed_length: bool, chains: int):
     """The base config, each chain's prompt and seeded config, and the serial runs they compare with."""
     base = SamplerConfig(block_size=HORIZON, mh_steps=mh_steps, fixed_length=fixed_length, traversal="predictive")
     prompts = [[5, 6, 7 + c] for c in range(chains)]

@@ -44,8 +44,6 @@ class InputColumnsConfig(BaseModel):
 
 
 
-ColumnNames = InputColumnsConfig  # its name before config classes were all called *Config (user code passes it as `columns=`)
-
 def input_key(row: dict, names: InputColumnsConfig) -> str:
     """`<id>#<digest of the prompt and messages fields>`, from a row as Arrow's `to_pylist` gives
     it (the stage and the checkpoint filter both read rows that way, so they agree)."""

@@ -15,25 +15,25 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from presto_ray.config import SamplerConfig
 from presto_ray.driver import sample_many
 from presto_ray.engines.base import CallAccounting, Engine, Tokenizer
-from presto_ray.engines.specs import EngineSpec, VLLMEngineConfig
+from presto_ray.engines.specs import EngineConfig, VLLMEngineConfig
 from presto_ray.keys import derive_seed
 from presto_ray.output import sample_row
 from presto_ray.prompts import PromptItem
 from presto_ray.results import SampleResult, SampleStats
 from presto_ray.ray_config import RayConfig
-from presto_ray.serve_config import ServeSettings
+from presto_ray.serve_config import ServeConfig
 
 
 class JobConfig(BaseModel):
     """A job: which engine, how each chain samples, how many chains per prompt."""
 
     model_config = ConfigDict(extra="forbid")
-    engine: EngineSpec = VLLMEngineConfig()
+    engine: EngineConfig = VLLMEngineConfig()
     sampler: SamplerConfig = SamplerConfig(block_size=48, mh_steps=10, prefetch_budget=8)
     chains_per_prompt: int = Field(2, ge=1, le=10_000, description="Independent chains per prompt.")
     max_active_chains: int = Field(64, ge=1, le=100_000, description="Chains whose requests share each call.")
     ray: RayConfig = Field(RayConfig(), description="Replicas, stage actors and batching for `sample --ray` and Serve.")
-    serve: ServeSettings = Field(ServeSettings(), description="The HTTP service (`presto-ray serve`).")
+    serve: ServeConfig = Field(ServeConfig(), description="The HTTP service (`presto-ray serve`).")
 
     @model_validator(mode="after")
     def _check_replica_gpus(self) -> "JobConfig":
@@ -57,7 +57,7 @@ def prompt_seed(job_seed: int, prompt_id: str, chain: int) -> int:
     return derive_seed(job_seed, digest & 0xFFFFFFFF, digest >> 32, chain)
 
 
-def engine_identity(spec: EngineSpec) -> str:
+def engine_identity(spec: EngineConfig) -> str:
     """The engine and model as the samples see them, as canonical JSON (computed once per job)."""
     return json.dumps(spec.sample_identity(), sort_keys=True)
 

@@ -141,7 +141,3 @@ class RayConfig(BaseModel):
                 raise ConfigFieldError(key, f"{key} was retired with the previous Ray job ({RETIRED[key]}); remove it")
         return data
 
-
-# the names before config classes were all called *Config; kept for the modules and tests that still use them
-RaySettings = RayConfig
-ReplicaAutoscaling = ReplicaAutoscalingConfig

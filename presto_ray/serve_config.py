@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 API_KEY_ENV = "PRESTO_RAY_API_KEY"
 
 
-class IngressAutoscaling(BaseModel):
+class IngressAutoscalingConfig(BaseModel):
     """Serve autoscaling of the HTTP ingress (the engines and coordinators are shared, not scaled)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -17,17 +17,18 @@ class IngressAutoscaling(BaseModel):
     min_replicas: int = Field(1, ge=0)
     max_replicas: int = Field(4, ge=1)
     target_ongoing_requests: float = Field(
-        64.0, gt=0, description="Requests in flight per ingress replica Serve scales towards."
+        64.0, gt=0, description="HTTP requests in flight per ingress replica Serve scales towards (each runs its n chains; "
+        "not engine requests, which ray.replica_autoscaling counts)."
     )
 
     @model_validator(mode="after")
-    def _ordered(self) -> "IngressAutoscaling":
+    def _ordered(self) -> "IngressAutoscalingConfig":
         if self.max_replicas < self.min_replicas:
             raise ValueError(f"max_replicas ({self.max_replicas}) is below min_replicas ({self.min_replicas})")
         return self
 
 
-class ServeSettings(BaseModel):
+class ServeConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     model_name: str | None = Field(
@@ -41,7 +42,7 @@ class ServeSettings(BaseModel):
     ingress_replicas: int = Field(
         1, ge=1, le=256, description="HTTP ingress replicas (ignored when ingress_autoscaling is set); all share one engine pool."
     )
-    ingress_autoscaling: IngressAutoscaling | None = Field(
+    ingress_autoscaling: IngressAutoscalingConfig | None = Field(
         None, description="Let Serve scale the ingress between min_replicas and max_replicas."
     )
     max_ongoing_requests: int = Field(1024, ge=1, description="Requests one ingress replica holds at once.")

@@ -11,12 +11,12 @@ import numpy as np
 from actors.coordinator_commands import ReplicaLost, SendCall, Settle
 from actors.coordinator_core import CoordinatorCore
 from presto_ray.engines.base import CallAccounting, Completion, ProposalRequest
-from presto_ray.ray_config import RaySettings
+from presto_ray.ray_config import RayConfig
 
 
 def core(replicas: int = 2, **settings) -> CoordinatorCore:
     defaults = dict(batch_window_s=0.1, max_batch_wait_s=0.5, chain_idle_timeout_s=10.0, max_call_attempts=2)
-    return CoordinatorCore(RaySettings(**{**defaults, **settings}), list(range(replicas)), replicas, epoch="e")
+    return CoordinatorCore(RayConfig(**{**defaults, **settings}), list(range(replicas)), replicas, epoch="e")
 
 
 def request(seed: int, prompt=(1, 2)) -> ProposalRequest:

@@ -133,18 +133,18 @@ def test_the_log_ratio_is_overflow_safe_and_unchanged_where_it_did_not_overflow(
 
 
 def test_ingress_scaling_becomes_serve_options_and_bad_ranges_are_refused():
-    from presto_ray.serve_config import ServeSettings
+    from presto_ray.serve_config import ServeConfig
 
-    assert ServeSettings(ingress_replicas=3).ingress_deployment_options() == {"max_ongoing_requests": 1024, "num_replicas": 3}
-    scaled = ServeSettings(ingress_autoscaling={"min_replicas": 1, "max_replicas": 8, "target_ongoing_requests": 32})
+    assert ServeConfig(ingress_replicas=3).ingress_deployment_options() == {"max_ongoing_requests": 1024, "num_replicas": 3}
+    scaled = ServeConfig(ingress_autoscaling={"min_replicas": 1, "max_replicas": 8, "target_ongoing_requests": 32})
     assert scaled.ingress_deployment_options() == {
         "max_ongoing_requests": 1024,
         "autoscaling_config": {"min_replicas": 1, "max_replicas": 8, "target_ongoing_requests": 32.0},
     }
     with pytest.raises(ValidationError, match="max_replicas"):
-        ServeSettings(ingress_autoscaling={"min_replicas": 4, "max_replicas": 2})
+        ServeConfig(ingress_autoscaling={"min_replicas": 4, "max_replicas": 2})
     with pytest.raises(ValidationError, match="ingress_replicas"):
-        ServeSettings(ingress_replicas=0)
+        ServeConfig(ingress_replicas=0)
 
 
 def test_coordinator_shards_are_bounded():

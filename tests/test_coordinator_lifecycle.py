@@ -30,10 +30,10 @@ def _wait_for(predicate, timeout_s: float = 10.0):
 @pytest.fixture(scope="module")
 def slow_cluster(ray_address):
     from actors.cluster import SamplingCluster
-    from presto_ray.engines import ToyEngineSpec
-    from presto_ray.ray_config import RaySettings
+    from presto_ray.engines import ToyEngineConfig
+    from presto_ray.ray_config import RayConfig
 
-    cluster = SamplingCluster(ToyEngineSpec(call_latency_s=1.0), RaySettings(chain_idle_timeout_s=1.0)).start()
+    cluster = SamplingCluster(ToyEngineConfig(call_latency_s=1.0), RayConfig(chain_idle_timeout_s=1.0)).start()
     yield cluster
     cluster.shutdown()
 

@@ -13,10 +13,10 @@ import pytest
 from actors.autoscaling_policy import ReplicaScalingPolicy, desired_replicas
 from presto_ray import SamplerConfig, sample
 from presto_ray.config import ConfigFieldError
-from presto_ray.engines import ToyEngineSpec
-from presto_ray.ray_config import RaySettings, ReplicaAutoscaling
+from presto_ray.engines import ToyEngineConfig
+from presto_ray.ray_config import RayConfig, ReplicaAutoscalingConfig
 
-SCALING = ReplicaAutoscaling(min_replicas=1, max_replicas=3, target_ongoing_requests=10, upscale_delay_s=2, downscale_delay_s=5)
+SCALING = ReplicaAutoscalingConfig(min_replicas=1, max_replicas=3, target_ongoing_requests=10, upscale_delay_s=2, downscale_delay_s=5)
 
 
 def test_desired_replicas_hold_the_target_within_bounds():
@@ -38,12 +38,12 @@ def test_the_rule_waits_its_delays_and_restarts_them_when_the_load_turns():
 
 def test_settings_refuse_what_autoscaling_cannot_do():
     with pytest.raises(ValueError, match="max_replicas"):
-        ReplicaAutoscaling(min_replicas=3, max_replicas=2)
+        ReplicaAutoscalingConfig(min_replicas=3, max_replicas=2)
     with pytest.raises(ValueError, match="coordinator_shards"):
-        RaySettings(replica_autoscaling=SCALING, coordinator_shards=2)
+        RayConfig(replica_autoscaling=SCALING, coordinator_shards=2)
     with pytest.raises(ValueError, match="placement_strategy"):
-        RaySettings(replica_autoscaling=SCALING, placement_strategy="PACK")
-    assert RaySettings(replica_autoscaling=SCALING, num_replicas=5).initial_replicas == 1
+        RayConfig(replica_autoscaling=SCALING, placement_strategy="PACK")
+    assert RayConfig(replica_autoscaling=SCALING, num_replicas=5).initial_replicas == 1
     assert issubclass(ConfigFieldError, ValueError)
 
 
@@ -96,12 +96,12 @@ def test_the_pool_grows_under_load_and_shrinks_when_idle(ray_address):
 
     from actors.cluster import SamplingCluster
 
-    spec = ToyEngineSpec(call_latency_s=0.25)
-    scaling = ReplicaAutoscaling(
+    spec = ToyEngineConfig(call_latency_s=0.25)
+    scaling = ReplicaAutoscalingConfig(
         min_replicas=1, max_replicas=2, target_ongoing_requests=4, upscale_delay_s=0, downscale_delay_s=0.5, interval_s=0.1
     )
     configs = _configs("rounds", num_blocks=8)  # long enough to outlast a replica's start
-    cluster = SamplingCluster(spec, RaySettings(replica_autoscaling=scaling)).start()
+    cluster = SamplingCluster(spec, RayConfig(replica_autoscaling=scaling)).start()
     try:
         assert cluster.active_replicas == [0]
         out: dict = {}
@@ -129,10 +129,10 @@ def test_a_replica_retired_mid_run_finishes_its_work_and_changes_no_sample(ray_a
     other, and it is stopped only once drained."""
     from actors.cluster import SamplingCluster
 
-    spec = ToyEngineSpec(call_latency_s=0.1, token_latency_s=0.01)
-    scaling = ReplicaAutoscaling(min_replicas=1, max_replicas=2)
+    spec = ToyEngineConfig(call_latency_s=0.1, token_latency_s=0.01)
+    scaling = ReplicaAutoscalingConfig(min_replicas=1, max_replicas=2)
     configs = _configs(schedule)
-    cluster = SamplingCluster(spec, RaySettings(replica_autoscaling=scaling)).start()
+    cluster = SamplingCluster(spec, RayConfig(replica_autoscaling=scaling)).start()
     try:
         cluster.autoscaler.stop()
         assert cluster.add_replica() == 1
@@ -161,7 +161,7 @@ def test_a_restarted_coordinator_is_handed_the_replicas_added_since(ray_address)
 
     from actors.cluster import SamplingCluster
 
-    cluster = SamplingCluster(ToyEngineSpec(), RaySettings(replica_autoscaling=ReplicaAutoscaling(max_replicas=2))).start()
+    cluster = SamplingCluster(ToyEngineConfig(), RayConfig(replica_autoscaling=ReplicaAutoscalingConfig(max_replicas=2))).start()
     try:
         cluster.autoscaler.stop()
         cluster.add_replica()
@@ -190,8 +190,8 @@ def test_replicas_added_to_a_sharded_pool_join_one_shard(ray_address):
     still combines, and chains of every prompt still give the in-process samples."""
     from actors.cluster import SamplingCluster
 
-    spec = ToyEngineSpec()
-    settings = RaySettings(coordinator_shards=2, replica_autoscaling=ReplicaAutoscaling(min_replicas=2, max_replicas=3))
+    spec = ToyEngineConfig()
+    settings = RayConfig(coordinator_shards=2, replica_autoscaling=ReplicaAutoscalingConfig(min_replicas=2, max_replicas=3))
     configs = _configs("rounds", num_blocks=1)
     cluster = SamplingCluster(spec, settings).start()
     try:

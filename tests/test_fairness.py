@@ -57,11 +57,11 @@ def test_a_small_request_is_not_starved_by_a_large_one(ray_address):
     import ray
 
     from actors.cluster import SamplingCluster
-    from presto_ray.engines import ToyEngineSpec
-    from presto_ray.ray_config import RaySettings
+    from presto_ray.engines import ToyEngineConfig
+    from presto_ray.ray_config import RayConfig
 
-    settings = RaySettings(max_requests_per_call=8, batch_window_s=0.05)
-    cluster = SamplingCluster(ToyEngineSpec(call_latency_s=0.2), settings).start()
+    settings = RayConfig(max_requests_per_call=8, batch_window_s=0.05)
+    cluster = SamplingCluster(ToyEngineConfig(call_latency_s=0.2), settings).start()
     try:
         coordinator = cluster.coordinator
 

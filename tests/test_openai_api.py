@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 
 from presto_ray.config import SamplerConfig
-from presto_ray.engines import ToyEngineSpec
+from presto_ray.engines import ToyEngineConfig
 from presto_ray.keys import derive_seed
 from presto_ray.openai import (
     HTTP_FIGURES,
@@ -31,13 +31,13 @@ from presto_ray.openai import (
     stream_end,
 )
 from presto_ray.results import SampleResult, SampleStats
-from presto_ray.serve_config import ServeSettings
+from presto_ray.serve_config import ServeConfig
 
 openai = pytest.importorskip("openai")
 
-TOKENIZER = ToyEngineSpec(vocab_size=48, max_model_len=512).build_tokenizer()
+TOKENIZER = ToyEngineConfig(vocab_size=48, max_model_len=512).build_tokenizer()
 BASE = SamplerConfig(block_size=8, mh_steps=4, prefetch_budget=4, seed=0)
-SETTINGS = ServeSettings()
+SETTINGS = ServeConfig()
 GOOD = {"model": "toy", "prompt": "hello", "max_tokens": 8, "seed": 1}
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a colour."}]
 
@@ -454,7 +454,7 @@ def test_work_limits_name_the_serve_key_to_raise():
     assert "serve.max_request_work" in work.message and "token-steps" in work.message
     # the same request passes where the service allows more
     raw = json.dumps({**GOOD, "n": 2, "max_tokens": 256, "block_size": 2, "mh_steps": 1000}).encode()
-    roomy = ServeSettings(max_request_work=10**12)
+    roomy = ServeConfig(max_request_work=10**12)
     kwargs = dict(tokenizer=TOKENIZER, model_name="toy", context_length=512, base_sampler=BASE)
     assert len(prepare(raw, False, settings=roomy, **kwargs).configs) == 2
     with pytest.raises(ApiError):

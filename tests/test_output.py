@@ -7,13 +7,13 @@ import pyarrow.parquet as pq
 
 from presto_ray import SamplerConfig
 from presto_ray.driver import sample
-from presto_ray.engines import ToyEngineSpec
+from presto_ray.engines import ToyEngineConfig
 from presto_ray.output import COLUMNS, SAMPLE_SCHEMA, read_samples, sample_row, write_parquet_atomic
 from presto_ray.results import SampleStats
 
 
 def _rows():
-    engine = ToyEngineSpec(vocab_size=32).build()
+    engine = ToyEngineConfig(vocab_size=32).build()
     config = SamplerConfig(block_size=8, mh_steps=4, prefetch_budget=4, seed=3)
     rows = []
     for chain in range(3):

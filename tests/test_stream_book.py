@@ -9,11 +9,11 @@ from actors.coordinator_core import CoordinatorCore
 from actors.stream_protocol import ChainActions, ChainEvent, ChainUpdate, ReplicaEvent, ReplicaEvents, ReplicaStart
 from presto_ray.chain import StartRequest
 from presto_ray.engines.base import CallAccounting, ProposalRequest
-from presto_ray.ray_config import RaySettings
+from presto_ray.ray_config import RayConfig
 
 
 def core(replicas: int = 2, attempts: int = 3) -> CoordinatorCore:
-    settings = RaySettings(max_call_attempts=attempts, affinity_slack=100)
+    settings = RayConfig(max_call_attempts=attempts, affinity_slack=100)
     c = CoordinatorCore(settings, list(range(replicas)), replicas, epoch="e")
     c.streams.free_batch = 32.0
     return c

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from presto_ray import SamplerConfig
 from presto_ray.chain import Chain
 from presto_ray.driver import run_chain, sample, sample_many
-from presto_ray.engines import ToyEngineSpec
+from presto_ray.engines import ToyEngineConfig
 from presto_ray.engines.toy import ToyEngine
 from presto_ray.streaming import run_streaming
 from identity_helpers import CONFIG_FIELDS, engines, run_recorded
@@ -97,7 +97,7 @@ def test_forks_and_aborts_happen_and_aborted_requests_stop():
 
 
 def test_sample_and_sample_many_stream_on_the_toy():
-    spec = ToyEngineSpec(vocab_size=32, logit_scale=3.0, eos_bias=-1.0)
+    spec = ToyEngineConfig(vocab_size=32, logit_scale=3.0, eos_bias=-1.0)
     engine = spec.build()
     configs = [SamplerConfig(block_size=12, num_blocks=2, mh_steps=6, prefetch_budget=6, seed=s, schedule="rounds") for s in range(4)]
     prompts = [[4, 5, 6 + s] for s in range(4)]

@@ -15,7 +15,7 @@ from presto_ray.engines.base import (
     StreamingEngine,
     Tokenizer,
 )
-from presto_ray.engines.specs import EngineSpec, ToyEngineSpec, VLLMEngineConfig, build_engine, build_tokenizer
+from presto_ray.engines.specs import EngineConfig, ToyEngineConfig, VLLMEngineConfig, build_engine, build_tokenizer
 
 __all__ = [
     "CallAccounting",
@@ -23,11 +23,11 @@ __all__ = [
     "Engine",
     "EngineEvent",
     "EngineOutput",
-    "EngineSpec",
+    "EngineConfig",
     "ProposalRequest",
     "StreamingEngine",
     "Tokenizer",
-    "ToyEngineSpec",
+    "ToyEngineConfig",
     "VLLMEngineConfig",
     "build_engine",
     "build_tokenizer",

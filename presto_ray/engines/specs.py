@@ -16,10 +16,10 @@ from presto_ray.engines.vllm.config import DEFAULT_MODEL_NAME, VLLMEngineConfig
 if TYPE_CHECKING:
     from presto_ray.engines.base import Engine, Tokenizer
 
-__all__ = ["DEFAULT_MODEL_NAME", "EngineSpec", "ToyEngineSpec", "VLLMEngineConfig", "build_engine", "build_tokenizer"]
+__all__ = ["DEFAULT_MODEL_NAME", "EngineConfig", "ToyEngineConfig", "VLLMEngineConfig", "build_engine", "build_tokenizer"]
 
 
-class ToyEngineSpec(BaseModel):
+class ToyEngineConfig(BaseModel):
     """The exact numpy toy model: enumerable probabilities, for exactness tests and fast runs."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -71,14 +71,14 @@ class ToyEngineSpec(BaseModel):
         return self.model_dump(mode="json", exclude={"call_latency_s", "token_latency_s"})
 
 
-EngineSpec = Annotated[Union[ToyEngineSpec, VLLMEngineConfig], Field(discriminator="kind")]
+EngineConfig = Annotated[Union[ToyEngineConfig, VLLMEngineConfig], Field(discriminator="kind")]
 
 
-def build_engine(spec: ToyEngineSpec | VLLMEngineConfig) -> "Engine":
+def build_engine(spec: ToyEngineConfig | VLLMEngineConfig) -> "Engine":
     """The engine a spec describes (its `.tokenizer` encodes prompts and decodes samples)."""
     return spec.build()
 
 
-def build_tokenizer(spec: ToyEngineSpec | VLLMEngineConfig) -> "Tokenizer":
+def build_tokenizer(spec: ToyEngineConfig | VLLMEngineConfig) -> "Tokenizer":
     """The tokenizer of the engine a spec describes, without starting the engine."""
     return spec.build_tokenizer()

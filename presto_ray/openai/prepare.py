@@ -20,7 +20,7 @@ from presto_ray.keys import derive_seed
 from presto_ray.openai.errors import ApiError
 from presto_ray.openai.protocol import MIN_TEMPERATURE, ChatRequest, CompletionRequest, _Request
 from presto_ray.prompts import unencodable_text
-from presto_ray.serve_config import ServeSettings
+from presto_ray.serve_config import ServeConfig
 
 # OpenAI (and vLLM) fields power sampling cannot honour, each with the values that ask for nothing
 # and so may pass (an SDK or a proxy often sends them); any other value is a 400 naming the field
@@ -62,7 +62,7 @@ def prepare(
     model_name: str,
     context_length: int,
     base_sampler: SamplerConfig,
-    settings: ServeSettings,
+    settings: ServeConfig,
 ) -> Prepared:
     """The chains a request body asks for, or an ApiError naming what is wrong with it."""
     model = request_model(chat)
@@ -141,7 +141,7 @@ def check_model(request: _Request, model_name: str) -> None:
         raise ApiError(404, message, "model", "not_found_error")
 
 
-def sampler_config(request: _Request, base: SamplerConfig, settings: ServeSettings) -> SamplerConfig:
+def sampler_config(request: _Request, base: SamplerConfig, settings: ServeConfig) -> SamplerConfig:
     """The chain configuration a request asks for (its seed is set per choice later)."""
     max_tokens = request.max_tokens or settings.default_max_tokens
     if max_tokens > settings.max_tokens_limit:
@@ -193,7 +193,7 @@ def request_work(config: SamplerConfig, n: int) -> int:
     return n * max(config.mh_steps, 1) * config.num_blocks * config.horizon
 
 
-def check_work(config: SamplerConfig, n: int, settings: ServeSettings) -> None:
+def check_work(config: SamplerConfig, n: int, settings: ServeConfig) -> None:
     """One request must not hold the engines for hours: bound its blocks and its total work."""
     if config.num_blocks > settings.max_num_blocks:
         message = (

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from presto_ray.engines.vllm.settings import DEFAULT_MODEL_NAME, VLLMSettings
+from presto_ray.engines.vllm.settings import DEFAULT_MODEL_NAME, VLLMEngineConfigBase
 
 if TYPE_CHECKING:
     from presto_ray.engines.base import Engine, Tokenizer
@@ -13,7 +13,7 @@ if TYPE_CHECKING:
 __all__ = ["DEFAULT_MODEL_NAME", "VLLMEngineConfig"]
 
 
-class VLLMEngineConfig(VLLMSettings):
+class VLLMEngineConfig(VLLMEngineConfigBase):
     """vLLM settings (defaults: the CPU settings measured to matter, on 2 CPU cores with
     SmolLM2-135M), which build the engine and its tokenizer."""
 

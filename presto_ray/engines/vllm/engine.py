@@ -19,7 +19,7 @@ from typing import Any, Sequence
 
 from presto_ray.engines.base import CallAccounting, EngineOutput, ProposalRequest
 from presto_ray.engines.vllm.codec import RequestOutput, VLLMCodec, empty_completion, scored_tokens
-from presto_ray.engines.vllm.settings import VLLMSettings
+from presto_ray.engines.vllm.settings import VLLMEngineConfigBase
 from presto_ray.engines.vllm.runtime import VLLMRuntime, set_cpu_environment
 from presto_ray.engines.vllm.streaming import VLLMStreamingEngine
 from presto_ray.engines.vllm.tokenizer import HFTokenizer, resolve_model_dir
@@ -28,10 +28,10 @@ from presto_ray.engines.vllm.tokenizer import HFTokenizer, resolve_model_dir
 class VLLMEngine:
     """One vLLM AsyncLLM on a private event-loop thread; `generate` is the batch call."""
 
-    def __init__(self, config: VLLMSettings | None = None) -> None:
+    def __init__(self, config: VLLMEngineConfigBase | None = None) -> None:
         from presto_ray.models import set_offline_environment
 
-        self.config = config = config or VLLMSettings()
+        self.config = config = config or VLLMEngineConfigBase()
         set_offline_environment()
         set_cpu_environment(config)
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # vLLM's INFO lines drown the progress bar

@@ -18,13 +18,13 @@ from typing import Any, AsyncIterator, Coroutine, Sequence, TypeVar
 
 from presto_ray.engines.base import ProposalRequest
 from presto_ray.engines.vllm.codec import RequestOutput, SamplingParams, VLLMCodec
-from presto_ray.engines.vllm.settings import VLLMSettings
+from presto_ray.engines.vllm.settings import VLLMEngineConfigBase
 from presto_ray.engines.vllm.sampler_columns import EXTENSION_QUALNAME, SAMPLER_COLUMNS
 
 T = TypeVar("T")
 
 
-def set_cpu_environment(config: VLLMSettings) -> None:
+def set_cpu_environment(config: VLLMEngineConfigBase) -> None:
     """Thread binding for vLLM's CPU worker (read by vLLM when it starts)."""
     if config.cpu_threads_bind is not None:
         bind = f"0-{(os.cpu_count() or 1) - 1}" if config.cpu_threads_bind == "all" else config.cpu_threads_bind
@@ -36,7 +36,7 @@ class VLLMRuntime:
     """AsyncLLM for `model_dir` with `config`'s settings, on its own event loop; callers on any
     thread run coroutines there (`run`, `submit`) and stream requests (`stream`, `final`, `abort`)."""
 
-    def __init__(self, config: VLLMSettings, model_dir: str) -> None:
+    def __init__(self, config: VLLMEngineConfigBase, model_dir: str) -> None:
         self.config = config
         self.model_dir = model_dir
         self._ids = itertools.count()

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 
 
-class VLLMSettings(BaseModel):
+class VLLMEngineConfigBase(BaseModel):
     """vLLM settings. Defaults are the CPU settings measured to matter (2 CPU cores, SmolLM2-135M)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from presto_ray.engines.vllm.settings import VLLMSettings
+from presto_ray.engines.vllm.settings import VLLMEngineConfigBase
 
 
 class HFTokenizer:
@@ -38,14 +38,14 @@ class HFTokenizer:
         return str(self._tokenizer.decode(list(token_ids), skip_special_tokens=True))
 
 
-def resolve_model_dir(config: VLLMSettings) -> Path:
+def resolve_model_dir(config: VLLMEngineConfigBase) -> Path:
     """The model folder `config` names, or the packaged SmolLM2 (converted on first use)."""
     from presto_ray.models import check_model_dir, prepare_smollm2
 
     return check_model_dir(config.model) if config.model else prepare_smollm2()
 
 
-def load_tokenizer(config: VLLMSettings) -> HFTokenizer:
+def load_tokenizer(config: VLLMEngineConfigBase) -> HFTokenizer:
     """The engine's tokenizer without starting vLLM (drivers encode prompts and decode samples)."""
     from transformers import AutoTokenizer
 
