@@ -105,6 +105,14 @@ class SamplerConfig(BaseModel):
         "transitions to be issued (0 spends the whole budget).",
     )
 
+    # read by the schedules once they stop proposals early (PowerMHKernel.rejection_bound); not wired yet
+    early_rejection: bool = Field(
+        True,
+        description="Stop a proposal once its rejection is certain (its keyed acceptance uniform is already above "
+        "an upper bound on the step's ratio); no effect where the bound does not hold (tau < 1/alpha or tau > 1, "
+        "MultiTryMH); samples are identical either way.",
+    )
+
     speculation_gain: float = Field(
         3.2, ge=0.0, le=float(MAX_PREFETCH_BUDGET),
         description="Streaming, predictive only: a speculative request starts only if it adds at least "

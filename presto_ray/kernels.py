@@ -6,6 +6,10 @@ A kernel turns (state, cut, proposals) into the next state. Every ratio is
 
 where the cut law's term is log|x| - log|y| for the uniform cut (PowerMH) and
 log lambda(c; y) - log lambda(c; x) for EntropyCut.
+
+Where exact early rejection's bound holds (1/alpha <= tau <= 1, PowerMH and EntropyCut), the
+ratio is computed in the form the bound bounds (presto_ray/early_rejection.py): the same law,
+whether or not a schedule stops proposals early.
 """
 
 from __future__ import annotations
@@ -16,6 +20,14 @@ from typing import Sequence
 
 import numpy as np
 
+from presto_ray.early_rejection import (
+    RejectionBound,
+    bound_holds,
+    clamped_sum,
+    in_order_cut_log_prob,
+    jump_total,
+    weight_difference,
+)
 from presto_ray.engines.base import Completion
 from presto_ray.state import ChainState
 
@@ -33,6 +45,10 @@ class UniformCut:
         return math.floor(u * length)
 
     def log_prob(self, cut: int, state: ChainState) -> float:
+        return -math.log(len(state))
+
+    def log_prob_in_order(self, cut: int, state: ChainState) -> float:
+        """The form early rejection bounds: the same float."""
         return -math.log(len(state))
 
 
@@ -67,6 +83,11 @@ class EntropyCut:
         w = self.weights(state.entropy)[cut]
         return math.log(w) if w > 0.0 else -math.inf
 
+    def log_prob_in_order(self, cut: int, state: ChainState) -> float:
+        """log lambda(cut; state) with the normaliser summed in position order, the form early
+        rejection bounds (its partial sums only grow as a proposal's positions arrive)."""
+        return in_order_cut_log_prob(cut, state.entropy, self.beta)
+
 
 @dataclass
 class Transition:
@@ -83,13 +104,26 @@ def _log_sum_exp(values: Sequence[float]) -> float:
 
 
 class PowerMHKernel:
-    """Suffix proposal y = x[:c] + s, s ~ q_tau, targeting p0**alpha."""
+    """Suffix proposal y = x[:c] + s, s ~ q_tau, targeting p0**alpha.
+
+    `tau` (the proposal temperature) enables the clamped ratio and `rejection_bound` where
+    1/alpha <= tau <= 1; without it the ratio is computed as it always was.
+    """
 
     num_tries = 1
+    _has_rejection_bound = True  # MultiTryMH: no bound (docs/samplers.md#exact-early-rejection)
 
-    def __init__(self, alpha: float, cut_law: UniformCut | EntropyCut | None = None) -> None:
+    def __init__(self, alpha: float, cut_law: UniformCut | EntropyCut | None = None, tau: float | None = None) -> None:
         self.alpha = alpha
         self.cut_law = cut_law or UniformCut()
+        self.tau = tau
+
+    @property
+    def clamped_ratio(self) -> bool:
+        """The ratio sums min(g, 0) per token in token order (and EntropyCut's normaliser in
+        position order): every g <= 0 here, so this is the same law, and the very expression
+        `rejection_bound` bounds, whether or not early rejection is used."""
+        return self._has_rejection_bound and bound_holds(self.alpha, self.tau)
 
     @property
     def needs_entropy(self) -> bool:
@@ -97,6 +131,8 @@ class PowerMHKernel:
 
     def cut_correction(self, state: ChainState, cut: int, candidate: ChainState) -> float:
         """log P(cut | y) - log P(cut | x): the reverse move picks the same cut from y."""
+        if self.clamped_ratio:
+            return self.cut_law.log_prob_in_order(cut, candidate) - self.cut_law.log_prob_in_order(cut, state)
         return self.cut_law.log_prob(cut, candidate) - self.cut_law.log_prob(cut, state)
 
     def log_weight(self, logp0_sum: float, logq_sum: float) -> float:
@@ -120,6 +156,10 @@ class PowerMHKernel:
         return -math.inf if math.isnan(difference) else difference
 
     def _log_ratio(self, state: ChainState, cut: int, proposal: Completion, candidate: ChainState) -> float:
+        if self.clamped_ratio:  # the order RejectionBound.log_ratio_bound follows
+            forward_sum = clamped_sum(self.alpha, proposal.logp0, proposal.logq)
+            backward_sum = clamped_sum(self.alpha, state.logp0[cut:], state.logq[cut:])
+            return weight_difference(forward_sum, backward_sum) + self.cut_correction(state, cut, candidate)
         forward = (float(proposal.logp0.sum()), float(proposal.logq.sum()))
         backward = (state.suffix_logp0(cut), state.suffix_logq(cut))
         return self.log_weight_difference(forward, backward) + self.cut_correction(state, cut, candidate)
@@ -129,6 +169,38 @@ class PowerMHKernel:
         log_ratio = self._log_ratio(state, cut, proposals[0], candidate)
         accepted = math.log(keys.accept_uniform) < log_ratio
         return Transition(candidate if accepted else state, log_ratio, accepted)
+
+    def rejection_bound(
+        self, state: ChainState, cut: int, accept_uniform: float, candidate_length: int | None = None
+    ) -> RejectionBound | None:
+        """The bound on this step's log ratio as the proposal from x[:cut] arrives, or None where
+        none holds (tau outside [1/alpha, 1], MultiTryMH, a subclass with its own ratio).
+
+        `accept_uniform` is the step's keyed V_j; `candidate_length` the proposal state's length
+        |y| when it is known in advance (fixed length: cut + max_new_tokens), else None (EOS may
+        end it; the bound then uses |y| >= cut + m).
+        """
+        if not self.clamped_ratio or not self._ratio_is_this_class():
+            return None
+        beta = self.cut_law.beta if isinstance(self.cut_law, EntropyCut) else None
+        prefix_total, prefix_last = jump_total(state.entropy[:cut], beta) if beta is not None else (0.0, 0.0)
+        return RejectionBound(
+            alpha=self.alpha,
+            log_accept_uniform=math.log(accept_uniform),
+            cut=cut,
+            current_weight=clamped_sum(self.alpha, state.logp0[cut:], state.logq[cut:]),
+            current_cut_log_prob=self.cut_law.log_prob_in_order(cut, state),
+            candidate_length=candidate_length,
+            entropy_beta=beta,
+            prefix_jump_total=prefix_total,
+            prefix_last_entropy=prefix_last,
+        )
+
+    def _ratio_is_this_class(self) -> bool:
+        """The bound is derived for this class's ratio: a subclass that changes it (validate's
+        fault kernels drop the cut correction) gets none."""
+        own = ("transition", "_log_ratio", "cut_correction", "log_weight")
+        return all(getattr(type(self), name) is getattr(PowerMHKernel, name) for name in own)
 
 
 class MultiTryKernel(PowerMHKernel):
@@ -141,8 +213,12 @@ class MultiTryKernel(PowerMHKernel):
         A = min(1, P(c | y) W / (P(c | x) (W - w(y) + w(x)))).
     """
 
-    def __init__(self, alpha: float, num_tries: int, cut_law: UniformCut | EntropyCut | None = None) -> None:
-        super().__init__(alpha, cut_law)
+    _has_rejection_bound = False  # its ratio is computed exactly as before, whatever tau
+
+    def __init__(
+        self, alpha: float, num_tries: int, cut_law: UniformCut | EntropyCut | None = None, tau: float | None = None
+    ) -> None:
+        super().__init__(alpha, cut_law, tau)
         self.num_tries = num_tries
 
     def transition(self, state: ChainState, cut: int, proposals: Sequence[Completion], keys) -> Transition:
@@ -171,5 +247,5 @@ class MultiTryKernel(PowerMHKernel):
 def build_kernel(config) -> PowerMHKernel:
     cut_law = EntropyCut(config.entropy_beta) if config.sampler == "entropy_cut" else UniformCut()
     if config.sampler == "multi_try":
-        return MultiTryKernel(config.alpha, config.num_tries, cut_law)
-    return PowerMHKernel(config.alpha, cut_law)
+        return MultiTryKernel(config.alpha, config.num_tries, cut_law, config.tau)
+    return PowerMHKernel(config.alpha, cut_law, config.tau)
