@@ -49,26 +49,37 @@ def _bench_virtual_clock(args: argparse.Namespace) -> int:
         format_latency_report,
         format_load_report,
         format_report,
+        load_devices,
         plot,
+        plot_load,
         run_latency_bench,
         run_load_bench,
         run_virtual_clock_bench,
     )
 
     out = args.out or "bench/results/virtual_clock.json"
+    if args.saturation is not None and not args.saturation > 0:
+        return fail(f"--saturation: expected a positive number of sequences, got {args.saturation}")
     try:
         budgets = _budgets(args.budgets or "8,20")
     except BadInput as e:
         return fail(str(e))
-    rows = run_virtual_clock_bench(budgets=budgets, out_json=out, progress=progress)
-    print(format_report(rows))
-    png = Path(out).with_suffix(".png")
-    plot(rows, png)
-    latency_out = str(Path(out).with_name(Path(out).stem + "_latency.json"))
-    print(format_latency_report(run_latency_bench(out_json=latency_out, progress=progress)))
-    load_out = str(Path(out).with_name(Path(out).stem + "_load.json"))
-    print(format_load_report(run_load_bench(out_json=load_out, progress=progress)))
-    print(f"wrote {out}, {png}, {latency_out} and {load_out}")
+    written = []
+    if not args.load_only:
+        rows = run_virtual_clock_bench(budgets=budgets, out_json=out, progress=progress)
+        print(format_report(rows))
+        png = Path(out).with_suffix(".png")
+        plot(rows, png)
+        latency_out = str(Path(out).with_name(Path(out).stem + "_latency.json"))
+        print(format_latency_report(run_latency_bench(out_json=latency_out, progress=progress)))
+        written += [out, str(png), latency_out]
+    load_out = Path(out).with_name(Path(out).stem + "_load.json")
+    devices = load_devices() if args.saturation is None else load_devices(args.saturation)
+    load_rows = run_load_bench(devices=devices, out_json=load_out, progress=progress)
+    print(format_load_report(load_rows))
+    plot_load(load_rows, load_out.with_suffix(".png"))
+    written += [str(load_out), str(load_out.with_suffix(".png"))]
+    print(f"wrote {', '.join(written)}")
     return OK
 
 
@@ -162,7 +173,17 @@ def add_bench(sub: Subparsers) -> None:
     b.add_argument(
         "--virtual-clock", action="store_true",
         help="serial vs rounds vs streaming in decode steps on the toy's continuous-batching clock: one chain per "
-        "device (--out, a JSON list of rows) and 1, 8, 64 chains sharing one device (*_load.json)",
+        "device (--out, a JSON list of rows) and 1, 8, 64 chains sharing one device, 1, 8, 64, 256 on a "
+        "saturating one (*_load.json, *_load.png)",
+    )
+    b.add_argument(
+        "--load-only", action="store_true",
+        help="--virtual-clock: only the load table (*_load.json and *_load.png beside --out)",
+    )
+    b.add_argument(
+        "--saturation", type=float, default=None,
+        help="--virtual-clock: running sequences at which the saturating device's decode step stops being free "
+        "(n_sat: a step costs max(1, running / n_sat); default 32)",
     )
     b.set_defaults(func=cmd_bench)
 

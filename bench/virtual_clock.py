@@ -30,6 +30,17 @@ ENGINES = {
 
 CLOCK = "virtual decode steps: step cost 1, batch free (b = 0), unlimited running sequences"
 
+
+def _techniques(config: SamplerConfig) -> dict:
+    """Row keys naming the exact techniques beyond prefetching that a row ran with: every row of
+    every table here (one chain per device, latency, load) passes through this one place.
+
+    Empty today. The next step of the "exact early rejection" issue adds `early_rejection` here
+    (from `config`, once the schedules read SamplerConfig.early_rejection), so that each row says
+    whether proposals were stopped early; keep its columns beside `tokens_vs_serial`.
+    """
+    return {}
+
 COLUMNS: Columns = [
     ("schedule", "schedule", "{}"),
     ("fixed_length", "fixed", "{}"),
@@ -79,8 +90,9 @@ def _row(schedule: str, config: SamplerConfig, runs: list, serial: list) -> dict
         "mean_length": sum(len(c.output_token_ids) for c, _ in runs) / n,
         "acceptance_rate": sum(c.stats.accepted for c, _ in runs) / max(1, sum(c.stats.transitions for c, _ in runs)),
         "clock": CLOCK,
+        "saturation": "none",  # the device's batch is free at any size
         "same_as_serial": all(c.output_token_ids == s.output_token_ids for (c, _), (s, _) in zip(runs, serial)),
-    }
+    } | _techniques(config)
 
 
 def _chains_and_serial(spec: ToyEngineConfig, mh_steps: int, fixed_length: bool, chains: int):
@@ -205,26 +217,53 @@ def plot(rows: list[dict], path: str | Path) -> None:
 
 
 # --- load: many chains on one device -------------------------------------------------------------
-DEVICES = {
-    "gpu": {"step_cost": 1.0, "step_cost_per_sequence": 0.0, "max_running": 64},  # batch free up to 64
-    "cpu": {"step_cost": 1.0, "step_cost_per_sequence": 1 / 16, "max_running": None},  # cost doubles at 16
-}
+# A saturating GPU-like device: a decode step costs max(1, running / SATURATION), the roofline of a
+# memory-bound step that turns compute-bound (docs/benchmarks.md, "a device that saturates"). 32 =
+# four chains' worth of the load budget (8): one chain speculates for free, 8 chains at full budget
+# would double the step, 64 serial chains alone double it and 256 take eight times as long.
+SATURATION = 32
+LOAD_CHAINS = (1, 8, 64)
+SATURATING_CHAINS = (1, 8, 64, 256)
+
+
+def load_devices(saturation: float = SATURATION) -> dict[str, dict]:
+    """The load table's devices: their VirtualClockEngine settings."""
+    return {
+        "gpu": {"step_cost": 1.0, "step_cost_per_sequence": 0.0, "max_running": 64},  # batch free up to 64
+        "cpu": {"step_cost": 1.0, "step_cost_per_sequence": 1 / 16, "max_running": None},  # cost doubles at 16
+        "gpu-saturating": {"step_cost": 1.0, "step_cost_per_sequence": 0.0, "max_running": None, "saturation": saturation},
+    }  # fmt: skip
+
+
+DEVICES = load_devices()
 LOAD_COLUMNS: Columns = [
     ("device", "device", "{}"),
+    ("saturation", "n_sat", "{}"),
     ("chains", "chains", "{}"),
     ("schedule", "schedule", "{}"),
+    ("samples_per_kilostep", "samples / 1000 time", "{:.2f}"),
     ("transitions_per_kilostep", "trans / 1000 time", "{:.1f}"),
     ("throughput_vs_serial", "vs serial", "{:.2f}x"),
     ("mean_latency", "mean latency", "{:.0f}"),
+    ("tokens_per_sample", "tokens/sample", "{:.0f}"),
     ("tokens_vs_serial", "tokens vs serial", "{:.2f}"),
     ("same_as_serial", "same as serial", "{}"),
 ]
 
 
+def _saturation(device: dict) -> float | int | str:
+    """The device's saturation point for a row: its n_sat, or "none" (a batch free at any size)."""
+    n_sat = device.get("saturation", float("inf"))
+    if n_sat == float("inf"):
+        return "none"
+    return int(n_sat) if float(n_sat).is_integer() else n_sat
+
+
 def _load_run(device: dict, config: SamplerConfig, chains: int) -> dict:
     from presto_ray.driver import sample_many
+    from presto_ray.engines.virtual_clock import VirtualClockEngine
 
-    engine = ENGINES[True].build().streaming(**device)
+    engine = VirtualClockEngine(ENGINES[True].build(), **device)
     finished_at: dict[int, float] = {}
     results, _ = sample_many(
         engine,
@@ -237,15 +276,22 @@ def _load_run(device: dict, config: SamplerConfig, chains: int) -> dict:
         "tokens": engine.clock.generated_tokens,
         "transitions": sum(r.stats.transitions for r in results),
         "latency": sum(finished_at.values()) / chains,
+        "max_running": engine.clock.max_running,
         "samples": [r.token_ids for r in results],
     }
 
 
 def run_load_bench(
-    *, chain_counts=(1, 8, 64), budget: int = 8, mh_steps: int = 16, horizon: int = 48,
+    *, devices: dict[str, dict] | None = None, chain_counts: dict[str, tuple[int, ...]] | None = None,
+    budget: int = 8, mh_steps: int = 16, horizon: int = 48,
     out_json: str | Path | None = None, progress: Callable[[str], None] = print,
 ) -> list[dict]:
-    """Throughput of serial, rounds and streaming chains sharing one device, in virtual time."""
+    """Throughput of serial, rounds and streaming chains sharing one device, in virtual time.
+
+    `devices`: name -> VirtualClockEngine settings (default `DEVICES`); `chain_counts`: name ->
+    chain counts (a device not named: 1, 8, 64, or 1, 8, 64, 256 on a saturating device).
+    """
+    devices = DEVICES if devices is None else devices
     base = SamplerConfig(block_size=horizon, mh_steps=mh_steps, prefetch_budget=budget, fixed_length=True)
     schedules = {
         # serial chains streamed: each waits for its own request only, not for the others'
@@ -254,20 +300,27 @@ def run_load_bench(
         "streaming": {"schedule": "streaming"},
     }
     rows = []
-    for device_name, device in DEVICES.items():
-        for chains in chain_counts:
-            runs = {name: _load_run(device, base.model_copy(update=update), chains) for name, update in schedules.items()}
+    for device_name, device in devices.items():
+        default = LOAD_CHAINS if _saturation(device) == "none" else SATURATING_CHAINS
+        counts = (chain_counts or {}).get(device_name, default)
+        for chains in counts:
+            configs = {name: base.model_copy(update=update) for name, update in schedules.items()}
+            runs = {name: _load_run(device, config, chains) for name, config in configs.items()}
             serial = runs["serial"]
             for name, run in runs.items():
                 rows.append({
-                    "device": device_name, "device_costs": device, "chains": chains, "schedule": name,
+                    "device": device_name, "device_costs": device, "saturation": _saturation(device),
+                    "chains": chains, "schedule": name,
                     "prefetch_budget": 1 if name == "serial" else budget, "mh_steps": mh_steps, "horizon": horizon,
-                    "time": run["time"], "transitions_per_kilostep": 1000 * run["transitions"] / run["time"],
+                    "time": run["time"], "samples_per_kilostep": 1000 * chains / run["time"],
+                    "transitions_per_kilostep": 1000 * run["transitions"] / run["time"],
                     "throughput_vs_serial": serial["time"] / run["time"], "mean_latency": run["latency"],
-                    "generated_tokens": run["tokens"], "tokens_vs_serial": run["tokens"] / serial["tokens"],
+                    "generated_tokens": run["tokens"], "tokens_per_sample": run["tokens"] / chains,
+                    "tokens_vs_serial": run["tokens"] / serial["tokens"], "max_running": run["max_running"],
                     "same_as_serial": run["samples"] == serial["samples"], "clock": "virtual time",
-                })  # fmt: skip
-                progress(f"{device_name} chains={chains} {name}: {rows[-1]['throughput_vs_serial']:.2f}x")
+                } | _techniques(configs[name]))  # fmt: skip
+                r = rows[-1]
+                progress(f"{device_name} chains={chains} {name}: {r['throughput_vs_serial']:.2f}x, tokens {r['tokens_vs_serial']:.2f}")
     if out_json:
         write_json_atomic(rows, out_json)
     return rows
@@ -275,3 +328,36 @@ def run_load_bench(
 
 def format_load_report(rows: list[dict]) -> str:
     return format_table(rows, LOAD_COLUMNS)
+
+
+def plot_load(rows: list[dict], path: str | Path) -> None:
+    """Per device against the chain count: samples per 1000 time units, and throughput and tokens
+    per sample relative to serial."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    devices = list(dict.fromkeys(r["device"] for r in rows))
+    fig, axes = plt.subplots(3, len(devices), figsize=(4.5 * len(devices), 10), sharex=True, squeeze=False)
+    for col, device in enumerate(devices):
+        picked = [r for r in rows if r["device"] == device]
+        for schedule, style in (("serial", ":"), ("rounds", "--"), ("streaming", "-")):
+            line = sorted((r for r in picked if r["schedule"] == schedule), key=lambda r: r["chains"])
+            chains = [r["chains"] for r in line]
+            axes[0][col].plot(chains, [r["samples_per_kilostep"] for r in line], style, marker="o", label=schedule)
+            axes[1][col].plot(chains, [r["throughput_vs_serial"] for r in line], style, marker="o", label=schedule)
+            axes[2][col].plot(chains, [r["tokens_vs_serial"] for r in line], style, marker="o", label=schedule)
+        n_sat = picked[0]["saturation"]
+        axes[0][col].set(title=f"{device} (n_sat {n_sat}): samples / 1000 time", xscale="log", yscale="log")
+        axes[1][col].set(title="throughput vs serial", xscale="log")
+        axes[2][col].set(title="tokens per sample vs serial", xlabel="chains on one device", xscale="log")
+    for ax in axes.flat:
+        ax.grid(alpha=0.3)
+    axes[1][0].legend(fontsize=8)
+    fig.suptitle("Many chains on one device (T = 48, K = 16, budget 8; virtual time, not wall clock)")
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

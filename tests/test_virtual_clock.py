@@ -111,3 +111,82 @@ def test_streaming_spends_no_more_tokens_than_rounds_at_the_same_budget_and_is_f
         totals[schedule] = (sum(clock.generated_tokens for _, clock in runs), sum(clock.decode_steps for _, clock in runs))
     assert totals["streaming"][0] <= totals["rounds"][0]
     assert totals["streaming"][1] < totals["rounds"][1]
+
+
+# --- a device that saturates ------------------------------------------------------------------
+def saturating(n_sat: float, **costs):
+    from presto_ray.engines.virtual_clock import VirtualClockEngine
+
+    return VirtualClockEngine(ToyEngine(vocab_size=8, eos_token_id=None), saturation=n_sat, **costs)
+
+
+@pytest.mark.parametrize(("running", "step"), [(1, 1.0), (8, 1.0), (32, 4.0)])
+def test_a_saturating_step_costs_max_of_one_and_running_over_n_sat(running, step):
+    engine = saturating(8, step_cost=1.0)
+    assert engine.step_time(running) == step
+    for seed in range(running):
+        engine.submit(request(3, seed))
+    drain(engine)
+    assert engine.clock.decode_steps == 3 and engine.clock.time == pytest.approx(3 * step)
+    free = ToyEngine(vocab_size=8, eos_token_id=None).streaming()  # n_sat = inf: the batch is free
+    for seed in range(running):
+        free.submit(request(3, seed))
+    drain(free)
+    assert free.clock.time == 3.0
+
+
+def test_saturation_scales_the_step_cost_and_adds_to_a_cpu_like_slope():
+    assert saturating(4, step_cost=2.0).step_time(12) == 6.0
+    assert saturating(4, step_cost=1.0, step_cost_per_sequence=0.25).step_time(8) == 2.0 + 2.0
+    with pytest.raises(ValueError, match="saturation"):
+        saturating(0)
+
+
+def test_the_free_batch_a_saturating_device_reports_is_its_saturation_point():
+    assert saturating(32).free_batch == 32
+    assert saturating(32, max_running=16).free_batch == 16
+    assert saturating(32, step_cost_per_sequence=0.5).free_batch == 4  # the CPU-like rule binds first
+    assert ToyEngine(vocab_size=8, eos_token_id=None).streaming().free_batch == float("inf")
+
+
+def test_many_chains_take_longer_on_a_saturating_device_with_the_same_samples():
+    from bench.virtual_clock import _load_run
+    from presto_ray.config import SamplerConfig
+
+    config = SamplerConfig(block_size=12, mh_steps=3, prefetch_budget=4, fixed_length=True)
+    for update in ({"traversal": "serial"}, {"schedule": "streaming"}, {"schedule": "rounds"}):
+        free = _load_run({}, config.model_copy(update=update), 12)
+        sat = _load_run({"saturation": 4}, config.model_copy(update=update), 12)
+        assert sat["time"] > free["time"] and sat["samples"] == free["samples"]
+        if update.get("schedule") == "streaming":  # its share of a free batch of 4 among 12 chains: 1
+            assert sat["tokens"] < free["tokens"] and sat["max_running"] <= 12
+        else:
+            assert sat["tokens"] == free["tokens"]
+    one_free, one_sat = _load_run({}, config, 1), _load_run({"saturation": 4}, config, 1)
+    assert one_sat["time"] == one_free["time"]  # one chain's budget fits under n_sat
+
+
+def test_load_bench_rows_carry_saturation_and_the_serial_samples(tmp_path):
+    import json
+
+    from bench.virtual_clock import format_load_report, plot_load, run_load_bench
+
+    devices = {"free": {}, "sat": {"saturation": 3}}
+    rows = run_load_bench(
+        devices=devices, chain_counts={"free": (2,), "sat": (1, 6)}, budget=4, mh_steps=3, horizon=12,
+        out_json=tmp_path / "load.json", progress=lambda _: None,
+    )  # fmt: skip
+    assert json.loads((tmp_path / "load.json").read_text()) == rows
+    assert [(r["device"], r["chains"], r["schedule"]) for r in rows][:3] == [
+        ("free", 2, "serial"), ("free", 2, "rounds"), ("free", 2, "streaming")
+    ]  # fmt: skip
+    assert len(rows) == 9 and all(r["same_as_serial"] for r in rows)
+    assert {r["device"]: r["saturation"] for r in rows} == {"free": "none", "sat": 3}
+    keys = {"samples_per_kilostep", "tokens_per_sample", "tokens_vs_serial", "throughput_vs_serial"}
+    assert all(keys <= r.keys() for r in rows)
+    for r in rows:
+        assert r["samples_per_kilostep"] == pytest.approx(1000 * r["chains"] / r["time"])
+        assert r["tokens_per_sample"] == pytest.approx(r["generated_tokens"] / r["chains"])
+    assert "n_sat" in format_load_report(rows)
+    plot_load(rows, tmp_path / "load.png")
+    assert (tmp_path / "load.png").stat().st_size > 0

@@ -3,9 +3,16 @@ simulated in virtual time.
 
 Requests are submitted one at a time and run as sequences of a continuously batched decode loop:
 each decode step generates one token for every running sequence and costs
-`step_cost + step_cost_per_sequence * running` time units (b = 0: a GPU, whose batch is nearly
-free; b > 0: a CPU). A request starts as soon as it is submitted (its prompt is in the prefix
-cache, so prefill is free) unless `max_running` sequences already run; waiting requests start in
+
+    step_cost * max(1, running / saturation) + step_cost_per_sequence * running
+
+time units (`step_time`). The first term is a GPU's roofline: a decode step reads all the weights
+whatever the batch (memory-bound, flat) until the batch's compute outgrows that read at
+`saturation` sequences, after which the step is compute-bound and its cost grows in proportion
+to the tokens it decodes (so the device has a peak of `saturation / step_cost` tokens per time
+unit). `saturation` = inf (the default) is a device whose batch is free at any size; b > 0 with
+it is a CPU, whose step grows from the first sequence. A request starts as soon as it is
+submitted (its prompt is in the prefix cache, so prefill is free) unless `max_running` sequences already run; waiting requests start in
 priority order (lower first, then first come). Completions are the toy's exact completions, a
 pure function of the request, revealed one token per decode step, so partial tokens are final
 and figures are exact and noise-free.
@@ -43,7 +50,7 @@ class _Sequence:
 @dataclass
 class ClockStats:
     decode_steps: int = 0  # decode iterations with at least one running sequence
-    time: float = 0.0  # virtual time: sum over steps of step_cost + step_cost_per_sequence * running
+    time: float = 0.0  # virtual time: sum over decode steps of step_time(running)
     generated_tokens: int = 0  # tokens decoded, aborted requests' included
     aborted_requests: int = 0
     wasted_tokens: int = 0  # tokens decoded by requests aborted before they ended
@@ -66,8 +73,11 @@ class VirtualClockEngine:
         step_cost: float = 1.0,
         step_cost_per_sequence: float = 0.0,
         max_running: int | None = None,
+        saturation: float = float("inf"),
         seconds_per_time_unit: float = 0.0,
     ) -> None:
+        if not saturation > 0:
+            raise ValueError(f"saturation must be positive (inf: a batch free at any size), got {saturation}")
         self.model = model
         self.tokenizer: Tokenizer = model.tokenizer
         self.eos_token_id: int | None = model.eos_token_id
@@ -75,6 +85,7 @@ class VirtualClockEngine:
         self.context_length: int = model.context_length
         self.step_cost, self.step_cost_per_sequence = float(step_cost), float(step_cost_per_sequence)
         self.max_running = max_running
+        self.saturation = float(saturation)
         # In an engine replica (`next_events`), virtual time also passes in wall time at this rate,
         # so that requests are in flight long enough to be raced, aborted or lost with the replica.
         self.seconds_per_time_unit = float(seconds_per_time_unit)
@@ -128,10 +139,17 @@ class VirtualClockEngine:
         self.clock.wasted_tokens += seq.generated
         self._admit()
 
+    def step_time(self, running: int) -> float:
+        """Virtual time of one decode step with `running` sequences (see the module doc)."""
+        return self.step_cost * max(1.0, running / self.saturation) + self.step_cost_per_sequence * running
+
     @property
     def free_batch(self) -> float:
-        """Sequences a decode step holds before it costs three lone steps, capped by `max_running`."""
-        return free_batch(self.step_cost, self.step_cost_per_sequence, self.max_running)
+        """Sequences the chains may share: where the batch stops being free. A CPU-like step
+        (b > 0) holds `speculation.free_batch` (three lone steps); a saturating one at most
+        `saturation`, past which every speculative token takes device time from the other chains'
+        needed ones; both capped by `max_running` (docs/benchmarks.md, the saturating device)."""
+        return min(free_batch(self.step_cost, self.step_cost_per_sequence, self.max_running), self.saturation)
 
     def live_handles(self) -> set[int]:
         """Requests running or waiting (aborted and finished ones are gone)."""
@@ -151,7 +169,7 @@ class VirtualClockEngine:
         steps = min(min([s.remaining, *(w - s.generated for w in s.wakes)]) for s in self._running.values())
         running = len(self._running)
         self.clock.decode_steps += steps
-        self.clock.time += steps * (self.step_cost + self.step_cost_per_sequence * running)
+        self.clock.time += steps * self.step_time(running)
         self.clock.generated_tokens += steps * running
         self.clock.max_running = max(self.clock.max_running, running)
         events = []
