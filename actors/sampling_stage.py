@@ -32,7 +32,7 @@ from presto_ray.data_columns import (
 from presto_ray.engines import build_tokenizer
 from presto_ray.job import JobConfig, encode_prompt, engine_identity, input_fingerprint, prompt_seed
 from presto_ray.output import sample_row
-from presto_ray.prompts import PromptFileError, PromptItem, parse_prompt_row
+from presto_ray.prompts import PromptFileError, PromptItem, context_problem, parse_prompt_row
 
 # A chain replayed this many times is failing for a reason a restart does not fix.
 MAX_CHAIN_ATTEMPTS = 5
@@ -111,12 +111,8 @@ class PowerSamplingStage:
             prompt = encode_prompt(self.tokenizer, item)
         except (PromptFileError, ValueError, TypeError) as e:
             return PromptItem(str(standard["id"])), None, self._bad(str(e))
-        needed = len(prompt) + self.config.sampler.horizon
-        if needed > self.context:
-            return item, None, self._bad(
-                f"{where}: prompt ({len(prompt)} tokens) + horizon ({self.config.sampler.horizon}) exceeds the "
-                f"model's context of {self.context} tokens"
-            )
+        if problem := context_problem(len(prompt), self.config.sampler.horizon, self.context, "horizon"):
+            return item, None, self._bad(f"{where}: {problem}")  # the HTTP service's rule
         if not prompt:
             return item, None, self._bad(f"{where}: the prompt tokenizes to nothing")
         return item, prompt, None

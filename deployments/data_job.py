@@ -23,15 +23,19 @@ refusal to resume a folder written with another sampler config, engine, model or
 from __future__ import annotations
 
 import gc
+import io
 import json
 import logging
 import re
+import socket
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
+import pyarrow as pa
+import pyarrow.dataset as pads
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import ray.data
@@ -41,11 +45,11 @@ from actors.cluster import ensure_ray
 from actors.sampling_stage import BadPromptRow, JobFailed
 from deployments.checkpoint_filter import content_checkpoint_filter
 from deployments.processor import ProcessorConfig, build_power_sampling_processor
-from presto_ray.data_columns import ERROR_COLUMN, INPUT_KEY_COLUMN
+from presto_ray.data_columns import ERROR_COLUMN, INPUT_KEY_COLUMN, InputColumnsConfig, input_key, key_id
 from presto_ray.engines.base import CallAccounting
 from presto_ray.job import JobConfig, engine_identity
-from presto_ray.output import OutputLock
-from presto_ray.prompts import PromptFileError
+from presto_ray.output import OutputLock, check_output_folder
+from presto_ray.prompts import PromptFileError, check_ids, parse_jsonl_lines
 
 CHECKPOINT_DIR = ".ray-checkpoint"  # inside the output folder; readers skip dot-folders
 JOB_RECORD = ".presto-ray-job.json"
@@ -174,9 +178,18 @@ def run_data_job(
         processor_config = ProcessorConfig.model_validate({**dict(config), **stage})
     job = processor_config.job
     fs, out_path, local = _filesystem(out)
-    if fs.get_file_info(out_path).type == pafs.FileType.File:
+    # before Ray starts, hence before any work: the output can be written and is not the input,
+    # and every row of the input has its own id (two rows of one id would share their chains)
+    check_prompt_ids(prompts, processor_config.columns)
+    if local:
+        check_output_folder(out_path, None if "://" in prompts else str(Path(prompts).resolve()), JOB_RECORD)
+    elif fs.get_file_info(out_path).type == pafs.FileType.File:
         raise ValueError(f"{out} is a file; the job writes a folder of Parquet files")
-    ensure_ray(address, quiet=not progress)
+    _check_reachable(address)
+    try:
+        ensure_ray(address, quiet=not progress)
+    except (ConnectionError, TimeoutError) as e:
+        raise ValueError(f"--address {address}: cannot connect to the Ray cluster ({_first_line(e)})") from None
     lock = OutputLock(out_path) if local else None  # object stores have no exclusive create
     start = time.perf_counter()
     if lock:
@@ -190,6 +203,7 @@ def run_data_job(
             "checkpoint_key": INPUT_KEY_COLUMN,  # older folders were keyed by id alone
         }
         _check_job_record(fs, out_path, record)
+        _refuse_changed_prompts(prompts, out, fs, out_path, processor_config.columns)
         before = _data_files(fs, out_path)
         summary = DataJobSummary()
         checkpoint = CheckpointConfig(
@@ -227,6 +241,108 @@ def run_data_job(
             lock.release()
     summary.wall_time_s = time.perf_counter() - start
     return summary
+
+
+def check_prompt_ids(prompts: str, columns: InputColumnsConfig) -> int:
+    """Stream the input once in the driver before the job: a JSONL file decodes line by line
+    (bad bytes or JSON name their line, as in process), and every row has an id that no other row
+    has. Only the ids are kept (Parquet: only the id column is read). Returns the row count."""
+    fs, path, _ = _filesystem(prompts)
+    info = fs.get_file_info(path)
+    if info.type == pafs.FileType.NotFound:
+        raise PromptFileError(f"{prompts}: no such file")
+    id_field = columns.id
+    if prompts.endswith((".jsonl", ".json")):
+        if info.type != pafs.FileType.File:
+            raise PromptFileError(f"{prompts}: is a directory; give a JSONL file (or a folder of Parquet files)")
+
+        def jsonl_ids() -> Iterator[tuple[str, Any]]:
+            with fs.open_input_stream(path) as f:
+                for lineno, row in parse_jsonl_lines(io.BufferedReader(f), prompts):  # type: ignore[arg-type]
+                    if not isinstance(row, dict):
+                        raise PromptFileError(f"{prompts} line {lineno}: expected an object with '{id_field}' and a prompt")
+                    yield f"{prompts} line {lineno}", row.get(id_field)
+
+        return check_ids(jsonl_ids(), prompts, id_field)
+    if not (prompts.endswith(".parquet") or info.type == pafs.FileType.Directory):
+        return 0  # read_prompt_rows names what it expects
+    try:
+        dataset = pads.dataset(path, filesystem=fs, format="parquet", exclude_invalid_files=False)
+        if id_field not in dataset.schema.names:
+            raise PromptFileError(f"{prompts}: no '{id_field}' column; every row needs an id")
+
+        def parquet_ids() -> Iterator[tuple[str, Any]]:
+            row = 0
+            for batch in dataset.to_batches(columns=[id_field]):
+                for value in batch.column(0).to_pylist():
+                    yield f"{prompts} row {row}", value
+                    row += 1
+
+        return check_ids(parquet_ids(), prompts, id_field)
+    except (pa.ArrowException, OSError) as e:
+        raise PromptFileError(f"{prompts}: not a readable Parquet file ({_first_line(e)})") from None
+
+
+def _refuse_changed_prompts(prompts: str, out: str, fs: pafs.FileSystem, out_path: str, columns: InputColumnsConfig) -> None:
+    """A rerun into a folder that sampled an id under other prompt fields is refused before any
+    work, naming the ids: the folder keeps exactly one row per (prompt, chain). Costs one read of
+    the input through Ray Data (the checkpoint filter's own key, so both agree), only on reruns."""
+    checkpoint = f"{out_path}/{CHECKPOINT_DIR}"
+    if fs.get_file_info(checkpoint).type != pafs.FileType.Directory:
+        return
+    committed = [
+        i.path for i in fs.get_file_info(pafs.FileSelector(checkpoint, recursive=False))
+        if i.type == pafs.FileType.File and i.base_name.endswith(".parquet") and ".pending" not in i.base_name
+    ]  # fmt: skip
+    keys: set[str] = set()
+    for file in committed:
+        with fs.open_input_file(file) as f:
+            keys.update(str(k) for k in pq.read_table(f, columns=[INPUT_KEY_COLUMN]).column(0).to_pylist())
+    if not keys:
+        return
+    ids = {key_id(k) for k in keys}
+    with _data_context(None, False):  # type: ignore[arg-type]  # a plain read: no checkpoint, no bars
+        found = read_prompt_rows(prompts).map_batches(
+            _changed_ids, batch_format="pyarrow", fn_kwargs={"keys": keys, "ids": ids, "columns": columns}
+        ).take_all()
+    changed = sorted({row["id"] for row in found})
+    if changed:
+        shown = ", ".join(repr(i) for i in changed[:5]) + (f" and {len(changed) - 5} more" if len(changed) > 5 else "")
+        raise ValueError(
+            f"{out} sampled {len(changed)} id(s) with other prompt text: {shown}; their samples stay and "
+            "nothing was sampled. Give each edited prompt a new id, or write to a new output folder"
+        )
+
+
+def _changed_ids(batch: pa.Table, keys: set[str], ids: set[str], columns: InputColumnsConfig) -> pa.Table:
+    """The ids of a batch's rows whose id was written under another key (the filter's rule)."""
+    present = [c for c in columns.prompt_fields if c in batch.column_names]
+    changed = []
+    for row in batch.select(present).to_pylist():
+        key = input_key(row, columns)
+        if key not in keys and key_id(key) in ids:
+            changed.append(key_id(key))
+    return pa.table({"id": pa.array(changed, pa.string())})
+
+
+def _check_reachable(address: str | None) -> None:
+    """A `host:port` address that refuses connections ends the job at once, in one line, rather
+    than after Ray's retries and tracebacks (`auto`, `ray://` and RAY_ADDRESS are left to Ray)."""
+    if not address or "://" in address or address == "auto" or ":" not in address:
+        return
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=5):
+            pass
+    except ValueError:
+        raise ValueError(f"--address {address}: expected HOST:PORT of a Ray cluster") from None
+    except OSError as e:
+        raise ValueError(f"--address {address}: cannot connect to the Ray cluster ({e.strerror or e})") from None
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
 
 
 def _join(base: str, name: str) -> str:

@@ -18,7 +18,7 @@ from presto_ray.engines.base import CallAccounting, Engine, Tokenizer
 from presto_ray.engines.specs import EngineConfig, VLLMEngineConfig
 from presto_ray.keys import derive_seed
 from presto_ray.output import sample_row
-from presto_ray.prompts import PromptItem
+from presto_ray.prompts import PromptItem, context_problem
 from presto_ray.results import SampleResult, SampleStats
 from presto_ray.ray_config import RayConfig
 from presto_ray.serve_config import ServeConfig
@@ -138,6 +138,10 @@ def run_job(
     sampler_json = config.sampler.model_dump_json()
     work = [(item, chain) for item in items for chain in range(config.chains_per_prompt)]
     encoded = {item.id: encode_prompt(tokenizer, item) for item in items}
+    context = getattr(engine, "context_length", None)
+    for item in items:  # the HTTP service's rule, before any sampling
+        if context is not None and (problem := context_problem(len(encoded[item.id]), config.sampler.horizon, context, "horizon")):
+            raise ValueError(f"prompt id={item.id!r}: {problem}")
     seeds = [prompt_seed(config.sampler.seed, item.id, chain) for item, chain in work]
     configs = [config.sampler.model_copy(update={"seed": seed}) for seed in seeds]
     engine_key = engine_identity(config.engine)

@@ -65,7 +65,86 @@ COLUMNS: tuple[Column, ...] = (
     Column("config", pa.string(), lambda s: s.config_json),
     Column("inputs", pa.string(), lambda s: s.inputs),
 )
-SAMPLE_SCHEMA = pa.schema([pa.field(c.name, c.type, nullable=c.nullable) for c in COLUMNS])
+# Files we write say so in their schema metadata: `sample --out` overwrites an existing file only
+# when it is one of ours (or has our columns, as files written before the mark do).
+OUTPUT_MARK = {b"presto_ray": b"samples"}
+SAMPLE_SCHEMA = pa.schema([pa.field(c.name, c.type, nullable=c.nullable) for c in COLUMNS], metadata=OUTPUT_MARK)
+
+
+class OutputPathError(ValueError):
+    """An output path the job must not or cannot write; the message names it (exit status 2)."""
+
+
+def is_sample_file(path: str | Path) -> bool:
+    """Whether `path` is a Parquet file this tool wrote (our mark, or exactly our leading columns)."""
+    try:
+        schema = pq.read_schema(path)
+    except (pa.ArrowException, OSError):
+        return False
+    if (schema.metadata or {}).get(b"presto_ray") == OUTPUT_MARK[b"presto_ray"]:
+        return True
+    return schema.names[: len(COLUMNS)] == [c.name for c in COLUMNS]
+
+
+def _overlap(out: Path, prompts: Path) -> str | None:
+    """How the output and the prompts overlap (one is, holds or lies inside the other), or None."""
+    out, prompts = out.resolve(), prompts.resolve()
+    same = out == prompts or (out.exists() and prompts.exists() and os.path.samefile(out, prompts))
+    if same:
+        return f"is the prompt file {prompts}"
+    if out in prompts.parents:
+        return f"holds the prompts {prompts}"
+    if prompts in out.parents:
+        return f"lies inside the prompts {prompts}"
+    return None
+
+
+def _probe_writable(directory: Path, out: str | Path) -> None:
+    """Create `directory` (and its parents) and a temp file in it, now, before any work."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=directory, prefix=".presto-ray-probe.", suffix=".tmp")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise OutputPathError(f"--out {out}: cannot write there ({e.strerror or e})") from None
+
+
+def check_output_file(out: str | Path, prompts: str | Path | None = None) -> None:
+    """Refuse, before any sampling, an output file the in-process job must not or cannot write:
+    the prompts themselves (or a folder holding them), a folder, an existing file that is not a
+    sample file of ours, a place where no file can be created."""
+    path = Path(out)
+    if prompts is not None and "://" not in str(prompts) and (how := _overlap(path, Path(prompts))):
+        raise OutputPathError(f"--out {out} {how}; write the samples to another file")
+    if path.is_dir():
+        raise OutputPathError(f"--out {out}: is a directory; give a file path (sample --ray writes folders)")
+    if path.exists() or path.is_symlink():
+        if not path.is_file():
+            raise OutputPathError(f"--out {out}: exists and is not a regular file")
+        if not is_sample_file(path):
+            raise OutputPathError(
+                f"--out {out}: exists and is not a presto-ray sample file; refusing to overwrite it "
+                "(remove it or choose another --out)"
+            )
+    _probe_writable(path.parent, out)
+
+
+def check_output_folder(out: str | Path, prompts: str | None, record_name: str) -> None:
+    """The same for the Ray job's output folder (a local path): not the prompts, not inside them,
+    not holding them, not a file, not a folder of other files (no `record_name` job record), writable."""
+    path = Path(out)
+    if prompts is not None and "://" not in prompts and (how := _overlap(path, Path(prompts))):
+        raise OutputPathError(f"--out {out} {how}; write the samples to another folder")
+    if path.exists() and not path.is_dir():
+        raise OutputPathError(f"{out} is a file; the job writes a folder of Parquet files")
+    if path.is_dir() and not (path / record_name).exists():
+        if any(not p.name.startswith(".") for p in path.iterdir()):
+            raise OutputPathError(
+                f"--out {out}: is a folder of other files (no presto-ray job record {record_name}); "
+                "write to a new or empty folder"
+            )
+    _probe_writable(path, out)
 
 
 def sample_row(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Literal, get_args
+from typing import Any, Iterable, Iterator, Literal, get_args
 
 # The chat roles a prompt may use, in batch files and over HTTP alike (presto_ray/openai/protocol.py uses this type)
 ChatRole = Literal["system", "user", "assistant"]
@@ -30,6 +30,18 @@ def unencodable_text(text: str) -> str | None:
         text.encode("utf-8")
     except UnicodeEncodeError as e:
         return f"holds a lone surrogate ({text[e.start]!r} at character {e.start}), which is not text"
+    return None
+
+
+def context_problem(prompt_tokens: int, max_tokens: int, context: int, max_tokens_name: str = "max_tokens") -> str | None:
+    """Why a prompt of `prompt_tokens` tokens cannot be sampled `max_tokens` further within the
+    engine's `context`, or None: the one rule of the batch job (in process and on Ray) and of the
+    HTTP service (`max_tokens_name`: what the caller calls the generated length)."""
+    if prompt_tokens + max_tokens > context:
+        return (
+            f"prompt ({prompt_tokens} tokens) + {max_tokens_name} ({max_tokens}) exceeds the model's context "
+            f"of {context} tokens"
+        )
     return None
 
 
@@ -83,7 +95,13 @@ def _jsonl_rows(path: Path) -> Iterator[tuple[int, Any]]:
         data = path.read_bytes()
     except OSError as e:
         raise PromptFileError(f"{path}: cannot read ({e.strerror or e})") from None
-    for lineno, raw in enumerate(data.splitlines(), 1):
+    return parse_jsonl_lines(data.splitlines(), str(path))
+
+
+def parse_jsonl_lines(lines: Iterable[bytes], path: str) -> Iterator[tuple[int, Any]]:
+    """(line number, parsed object) for each non-blank line of a JSONL stream; bad bytes or JSON
+    name `path` and their line (the Ray job's driver streams its input through this too)."""
+    for lineno, raw in enumerate(lines, 1):
         try:
             line = raw.decode("utf-8")
         except UnicodeDecodeError as e:
@@ -96,6 +114,25 @@ def _jsonl_rows(path: Path) -> Iterator[tuple[int, Any]]:
             raise PromptFileError(f"{path} line {lineno}: invalid JSON ({e.msg})") from None
         except RecursionError:
             raise PromptFileError(f"{path} line {lineno}: invalid JSON (nested too deeply)") from None
+
+
+def check_ids(ids: Iterable[tuple[str, Any]], path: str, id_field: str = "id") -> int:
+    """Every row's id present and not repeated, `ids` as (where, id) pairs streamed from a file:
+    a PromptFileError names the first row without one, or the repeated values. The number of rows."""
+    seen: set[str] = set()
+    duplicates: set[str] = set()
+    count = 0
+    for where, value in ids:
+        count += 1
+        if value is None or (isinstance(value, float) and value != value) or str(value) == "":
+            raise PromptFileError(f"{where}: field '{id_field}' is missing or empty; every row needs an id")
+        key = str(value)
+        if key in seen:
+            duplicates.add(key)
+        seen.add(key)
+    if duplicates:
+        raise PromptFileError(f"{path}: duplicate '{id_field}' values: {sorted(duplicates)[:5]}")
+    return count
 
 
 def read_prompts(path: str | Path) -> list[PromptItem]:

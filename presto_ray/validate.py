@@ -103,6 +103,25 @@ def tost(a: Sequence[float], b: Sequence[float], margin: float, alpha: float = D
     return TostResult(float(x.mean()), float(y.mean()), len(x), len(y), diff, diff - half, diff + half, margin, float(df), p_lower, p_upper, alpha)
 
 
+def row_verdict(t: TostResult) -> str:
+    """`equivalent` (the interval inside the margin), `NOT equivalent` (the interval wholly beyond
+    it: a difference larger than the margin is shown) or `not shown` (the interval straddles a
+    bound: too few samples to tell)."""
+    if t.equivalent:
+        return "equivalent"
+    if t.ci_low > t.margin or t.ci_high < -t.margin:
+        return "NOT equivalent"
+    return "not shown"
+
+
+def samples_needed(margins: "Margins") -> int | None:
+    """Samples per side that give equal laws about a 95% chance per statistic of passing the
+    standardised margin (None with absolute margins: their scale is the user's)."""
+    if margins.absolute:
+        return None
+    return math.ceil(2 * (3.6 / margins.sd) ** 2)
+
+
 def pooled_sd(a: Sequence[float], b: Sequence[float]) -> float:
     """The standard deviation of both samples together (the scale of standardised margins)."""
     return float(np.std(np.concatenate([np.asarray(a, float), np.asarray(b, float)]), ddof=1))
@@ -198,8 +217,16 @@ class ValidationReport:
     def equivalent(self) -> bool:
         return all(row["equivalent"] for row in self.rows)
 
+    @property
+    def verdict(self) -> str:
+        """`equivalent`, `NOT equivalent` (some statistic's interval lies beyond its margin: a
+        difference is shown) or `equivalence not shown` (too few samples to tell either)."""
+        if self.equivalent:
+            return "equivalent"
+        return "NOT equivalent" if any(r["verdict"] == "NOT equivalent" for r in self.rows) else "equivalence not shown"
+
     def to_json(self) -> dict:
-        return {"equivalent": self.equivalent, **asdict(self)}
+        return {"equivalent": self.equivalent, "verdict": self.verdict, **asdict(self)}
 
     def table(self) -> str:
         headers = ["statistic", "serial", "prefetch", "difference", f"{1 - 2 * self.alpha_level:.0%} CI", "margin", "p", "verdict"]
@@ -212,7 +239,7 @@ class ValidationReport:
                 f"[{_num(r['ci_low'], '+')}, {_num(r['ci_high'], '+')}]",
                 f"±{_num(r['margin'])} ({r['margin_kind']})",
                 f"{r['p_value']:.3g}",
-                "equivalent" if r["equivalent"] else "NOT equivalent",
+                r["verdict"],
             ]
             for r in self.rows
         ]
@@ -290,7 +317,7 @@ def run_validation(
         notes.append(
             f"{n} samples per side: a 90% interval spans about ±{half_width:.2f} sd, so even equal laws pass a "
             f"{margins.sd:g} sd margin only while the observed difference stays below {max(0.0, margins.sd - half_width):.2f} sd; "
-            f"about {math.ceil(2 * (3.6 / margins.sd) ** 2)} samples per side give equal laws a 95% chance per statistic"
+            f"about {samples_needed(margins)} samples per side give equal laws a 95% chance per statistic"
         )
     rows = []
     for name in STATISTICS:
@@ -316,6 +343,7 @@ def run_validation(
                 "n_serial": t.n_a,
                 "n_prefetch": t.n_b,
                 "equivalent": t.equivalent,
+                "verdict": row_verdict(t),
             }
         )
     return ValidationReport(

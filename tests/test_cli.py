@@ -223,3 +223,72 @@ def test_the_parser_lists_every_command_in_its_order(capsys):
     assert exited.value.code == 0
     out = capsys.readouterr().out
     assert "{sample,model,bench,bench-real,serve,validate,eval,load-test,bench-ray,bench-coordinator}" in out, out
+
+
+# --- nothing lost, nothing twice, no traceback (the probe's items 1, 2, 7, 14) -------------------
+def test_sample_refuses_an_output_it_must_not_or_cannot_write_before_any_work(tmp_path, capsys):
+    from presto_ray.cli import main
+
+    prompts = tmp_path / "good.jsonl"
+    original = (ROOT / "examples" / "prompts.jsonl").read_text()
+    prompts.write_text(original)
+    folder = tmp_path / "existing_dir"
+    folder.mkdir()
+    stranger = tmp_path / "theirs.parquet"
+    stranger.write_bytes(b"not ours")
+    toy = ["sample", "--config", str(ROOT / "configs/toy.yaml"), "--prompts", str(prompts), "--quiet"]
+    cases = {
+        str(prompts): "is the prompt file",
+        "/proc/x.parquet": "cannot write there",
+        str(folder): "is a directory",
+        str(stranger): "is not a presto-ray sample file",
+    }
+    for out, message in cases.items():
+        assert main([*toy, "--out", out]) == 2, out
+        captured = capsys.readouterr()
+        assert message in captured.err and captured.err.count("\n") == 1, captured.err
+        assert "/4 samples" not in captured.err and "wrote" not in captured.out  # refused before sampling
+    assert prompts.read_text() == original and stranger.read_bytes() == b"not ours"
+    # our own earlier output is replaced, as before
+    ours = tmp_path / "ours.parquet"
+    assert main([*toy, "--out", str(ours), "--chains", "1"]) == 0
+    assert main([*toy, "--out", str(ours), "--chains", "1"]) == 0
+    assert pq.read_table(ours).num_rows == 4
+
+
+def test_a_prompt_over_the_context_is_refused_in_process_as_over_http(tmp_path, capsys):
+    """HTTP's rule (prompt tokens + max tokens within the engine's context) in the batch job too."""
+    from presto_ray.cli import main
+    from presto_ray.prompts import context_problem
+
+    prompts = tmp_path / "long.jsonl"
+    prompts.write_text('{"id": "short", "prompt": "hi"}\n{"id": "long", "prompt": "' + "word " * 20_000 + '"}\n')
+    out = tmp_path / "o.parquet"
+    assert main(["sample", "--config", str(ROOT / "configs/toy.yaml"), "--prompts", str(prompts), "--out", str(out), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "prompt id='long': prompt (100000 tokens) + horizon (96) exceeds the model's context of 4096 tokens" in err, err
+    assert err.count("\n") == 1 and not out.exists()
+    assert context_problem(10, 6, 16) is None and "max_tokens (7)" in context_problem(10, 7, 16)
+    # the library's job refuses it too, before sampling
+    from presto_ray.job import run_job
+    from presto_ray.prompts import read_prompts
+
+    config = JobConfig.from_yaml(ROOT / "configs/toy.yaml")
+    with pytest.raises(ValueError, match="prompt id='long'"):
+        run_job(read_prompts(prompts), config, build_engine(config.engine))
+
+
+def test_sample_keeps_vllm_quiet_unless_verbose(tmp_path, monkeypatch):
+    """vLLM's own log lines are off by default through the environment its workers inherit."""
+    from presto_ray.cli import main
+
+    out = str(tmp_path / "o.parquet")
+    toy = ["sample", "--config", str(ROOT / "configs/toy.yaml"), "--chains", "1", "--quiet", "--out", out]
+    monkeypatch.delenv("VLLM_LOGGING_LEVEL", raising=False)
+    assert main([*toy, "--verbose"]) == 0
+    assert "VLLM_LOGGING_LEVEL" not in __import__("os").environ
+    assert main(toy) == 0
+    assert __import__("os").environ["VLLM_LOGGING_LEVEL"] == "ERROR"
+    monkeypatch.setenv("VLLM_LOGGING_LEVEL", "DEBUG")  # the user's own choice stays
+    assert main(toy) == 0
+    assert __import__("os").environ["VLLM_LOGGING_LEVEL"] == "DEBUG"

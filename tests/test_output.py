@@ -1,6 +1,7 @@
 """Output rows are built from a SampleResult next to the Parquet schema: the two cannot drift."""
 
 from dataclasses import fields
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -75,3 +76,63 @@ def test_a_second_live_writer_is_refused_and_a_dead_ones_lock_is_taken_over(tmp_
     first.path.write_text(json.dumps({"pid": 1, "host": "another-node"}))  # cannot be checked from here
     with pytest.raises(ValueError, match="another-node.*remove the lock file"):
         second.acquire()
+
+
+# --- where the job may write (issue "Nothing lost, nothing twice, no traceback", items 1 and 2) ---
+def test_an_output_that_is_the_input_or_not_ours_or_unwritable_is_refused(tmp_path):
+    """Checked before any sampling: the prompts are never replaced, nor a stranger's file, and a
+    path where no file can be created fails now, not after the run."""
+    import pytest
+
+    from presto_ray.output import OutputPathError, check_output_file, check_output_folder, is_sample_file
+
+    prompts = tmp_path / "good.jsonl"
+    prompts.write_text('{"id": "a", "prompt": "hi"}\n')
+    link = tmp_path / "link.jsonl"
+    link.symlink_to(prompts)
+    folder = tmp_path / "a_folder"
+    folder.mkdir()
+    stranger = tmp_path / "theirs.parquet"
+    pq.write_table(pa.table({"x": [1, 2]}), stranger)
+    refused = {
+        prompts: "is the prompt file",
+        link: "is the prompt file",
+        folder: "is a directory",
+        stranger: "is not a presto-ray sample file",
+        Path("/proc/x.parquet"): "cannot write there",
+    }
+    for out, message in refused.items():
+        with pytest.raises(OutputPathError, match=message):
+            check_output_file(out, prompts)
+    assert prompts.read_text() == '{"id": "a", "prompt": "hi"}\n' and stranger.exists()
+
+    ours = tmp_path / "ours.parquet"
+    rows, _ = _rows()
+    write_parquet_atomic(rows, ours)
+    assert is_sample_file(ours) and not is_sample_file(stranger) and not is_sample_file(prompts)
+    check_output_file(ours, prompts)  # our own earlier output may be replaced
+    check_output_file(tmp_path / "new" / "nested" / "s.parquet", prompts)  # created as needed
+    old_style = tmp_path / "old.parquet"  # written before the schema carried our mark
+    pq.write_table(pa.Table.from_pylist(rows, schema=SAMPLE_SCHEMA.remove_metadata()), old_style)
+    assert is_sample_file(old_style)
+
+    # the Ray job's folder: not the prompts, not holding or inside them, not a file, not a stranger's
+    parquet_prompts = tmp_path / "in"
+    parquet_prompts.mkdir()
+    pq.write_table(pa.table({"id": ["a"], "prompt": ["hi"]}), parquet_prompts / "part-0.parquet")
+    folders = {
+        parquet_prompts: "is the prompt file",
+        parquet_prompts / "out": "lies inside the prompts",
+        tmp_path: "holds the prompts",
+        ours: "is a file",
+        folder.parent / "busy": "folder of other files",
+        Path("/proc/dir"): "cannot write there",
+    }
+    (folder.parent / "busy").mkdir()
+    (folder.parent / "busy" / "notes.txt").write_text("mine")
+    for out, message in folders.items():
+        with pytest.raises(OutputPathError, match=message):
+            check_output_folder(out, str(parquet_prompts), ".presto-ray-job.json")
+    check_output_folder(tmp_path / "fresh", str(parquet_prompts), ".presto-ray-job.json")
+    (folder.parent / "busy" / ".presto-ray-job.json").write_text("{}")  # a folder of ours: resumable
+    check_output_folder(folder.parent / "busy", str(parquet_prompts), ".presto-ray-job.json")

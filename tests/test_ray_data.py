@@ -143,18 +143,17 @@ def test_a_killed_job_resumes_writing_each_pair_once(ray_address, tmp_path):
     for message, other in refused.items():
         with pytest.raises(ValueError, match=message):
             run_data_job(str(prompts), str(out), other, progress=False)
-    # a prompt edited under the same id (the checkpoint keys rows by content) gets an error row per
-    # chain, the job goes on, and its old samples stay; latency changes no sample; a new prompt is sampled
-    edited = [{"id": i.id, "prompt": i.prompt + (" (edited)" if i.id == "q0" else "")} for i in items]
-    flagged = run_data_job(str(write_jsonl(tmp_path / "edited.jsonl", edited)), str(out), config, progress=False)
-    assert flagged.samples == 0 and flagged.errors == 2 and flagged.skipped == 16
-    errors = [r for r in read_samples(out).to_pylist() if r["error"]]
-    assert sorted(r["chain"] for r in errors) == [0, 1] and {r["prompt_id"] for r in errors} == {"q0"}
-    assert all("prompt changed since this output folder sampled that id" in r["error"] for r in errors)
+    # a prompt edited under the same id (the checkpoint keys rows by content) is refused before any
+    # work, naming its id: the folder keeps exactly one row per (prompt, chain), the old samples stay;
+    # latency changes no sample; a new prompt is sampled
+    edited = [{"id": i.id, "prompt": i.prompt + (" (edited)" if i.id in ("q0", "q5") else "")} for i in items]
+    with pytest.raises(ValueError, match=r"sampled 2 id\(s\) with other prompt text: 'q0', 'q5'; their samples stay"):
+        run_data_job(str(write_jsonl(tmp_path / "edited.jsonl", edited)), str(out), config, progress=False)
+    assert len(read_samples(out)) == 16 and not [r for r in read_samples(out).to_pylist() if r["error"]]
     unchanged = [{"id": i.id, "prompt": i.prompt} for i in items]
     more = write_jsonl(tmp_path / "more.jsonl", unchanged + [{"id": "new", "prompt": "a new question"}])
     third = run_data_job(str(more), str(out), with_engine(config, call_latency_s=0.0), progress=False)
-    assert third.samples == 2 and third.errors == 0 and third.skipped == 18
+    assert third.samples == 2 and third.errors == 0 and third.skipped == 16
     rows = [r for r in read_samples(out).to_pylist() if r["error"] is None]
     assert sorted((r["prompt_id"], r["chain"]) for r in rows if r["prompt_id"] in ("q0", "new")) == [
         ("new", 0), ("new", 1), ("q0", 0), ("q0", 1)
@@ -335,6 +334,49 @@ def test_cli_ray_sample_and_its_errors(ray_address, tmp_path, capsys):
     bad = write_jsonl(tmp_path / "bad.jsonl", [{"id": "q0", "prompt": ""}])
     assert main(["sample", "--ray", "--fail-fast", "--config", str(config), "--prompts", str(bad), "--out", str(tmp_path / "o3")]) == 2
     assert "row id='q0': field 'prompt' must be a non-empty string" in capsys.readouterr().err
+
+
+def test_cli_ray_refuses_bad_inputs_and_outputs_before_the_job_in_one_line(ray_address, tmp_path, capsys):
+    """The probe's items 1, 2, 4 and 6 on --ray: each refused before the Ray job starts (two rows
+    of one id used to hang), one line, exit 2, as in process."""
+    from presto_ray.cli import main
+
+    config = str(REPO / "configs" / "toy.yaml")
+    good = write_jsonl(tmp_path / "good.jsonl", [{"id": "a", "prompt": "hi"}])
+    dup = write_jsonl(tmp_path / "dup.jsonl", [{"id": "a", "prompt": "x"}, {"id": "b", "prompt": "y"}, {"id": "a", "prompt": "z"}])
+    binary = tmp_path / "binary.jsonl"
+    binary.write_bytes(b'{"id": "a", "prompt": "ok"}\n' + bytes(range(128, 256)) + b"\n")
+    no_id = write_jsonl(tmp_path / "no_id.jsonl", [{"id": "a", "prompt": "x"}, {"prompt": "y"}])
+    stranger = tmp_path / "theirs"
+    stranger.mkdir()
+    (stranger / "notes.txt").write_text("mine")
+    cases = [
+        (dup, tmp_path / "o1", f"{dup}: duplicate 'id' values: ['a']"),
+        (binary, tmp_path / "o2", f"{binary} line 2: not UTF-8 text"),
+        (no_id, tmp_path / "o3", f"{no_id} line 2: field 'id' is missing or empty"),
+        (good, Path("/proc/dir"), "--out /proc/dir: cannot write there"),
+        (good, tmp_path, "holds the prompts"),
+        (good, stranger, "is a folder of other files"),
+    ]
+    for prompts, out, message in cases:
+        started = time.monotonic()
+        code = main(["sample", "--ray", "--config", config, "--prompts", str(prompts), "--out", str(out), "--quiet"])
+        err = capsys.readouterr().err
+        assert code == 2 and message in err and err.count("\n") == 1 and "Traceback" not in err, err
+        assert time.monotonic() - started < 30, message
+    assert (stranger / "notes.txt").read_text() == "mine" and not (tmp_path / "o1").exists()
+
+    # a cluster that refuses the connection: one line, at once (its own driver: no Ray is connected)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env.pop("RAY_ADDRESS", None)
+    proc = subprocess.run(
+        [sys.executable, "-m", "presto_ray.cli", "sample", "--ray", "--address", "127.0.0.1:1", "--config", config,
+         "--prompts", str(good), "--out", str(tmp_path / "o4"), "--quiet"],
+        env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.startswith("presto-ray: error: --address 127.0.0.1:1: cannot connect to the Ray cluster"), proc.stderr
+    assert proc.stderr.count("\n") == 1, proc.stderr
 
 
 def test_bench_ray_runs_the_data_job_and_checks_its_samples(ray_address, tmp_path):

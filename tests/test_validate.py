@@ -158,3 +158,38 @@ def test_validate_on_ray_draws_the_in_process_samples(ray_address):
         backend.close()
     assert on_ray.samples == local.samples
     assert [c.token_ids for c in generated] == [c.token_ids for c in toy.generate(requests)]
+
+
+# --- too few samples is not a difference (the probe's item 13) -----------------------------------
+def test_a_tost_that_cannot_show_equivalence_says_so_rather_than_not_equivalent(toy_config, tmp_path, capsys):
+    from presto_ray.validate import TostResult, row_verdict, samples_needed
+
+    report = _validate(toy_config, tmp_path, "--chains", "2")  # 4 per side, the margin needs ~104
+    out = capsys.readouterr().out
+    assert report["equivalent"] is False and report["verdict"] == "equivalence not shown", out
+    assert "equivalence not shown: 4 per side, about 104 needed" in out and "NOT equivalent" not in out, out
+    assert samples_needed(Margins()) == 104 and samples_needed(Margins(absolute={"length": 1.0})) is None
+
+    def verdict(low, high):
+        p = 0.01 if -1.0 < low and high < 1.0 else 0.5  # the interval inside the margin of 1
+        return row_verdict(TostResult(0, 0, 9, 9, (low + high) / 2, low, high, 1.0, 8.0, p, p, 0.05))
+
+    assert (verdict(-0.5, 0.5), verdict(1.2, 2.0), verdict(-3, -1.5), verdict(0.2, 1.4)) == (
+        "equivalent", "NOT equivalent", "NOT equivalent", "not shown"
+    )  # fmt: skip
+
+
+def test_the_default_validate_run_is_sized_to_show_equivalence(tmp_path, capsys):
+    """`validate --config configs/toy.yaml` on its defaults: as many chains as the margin needs."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    fast = yaml.safe_load((root / "configs/toy.yaml").read_text())
+    fast["sampler"].update(mh_steps=3)  # the sizing is under test here, not the toy's law at 25 steps
+    config = tmp_path / "toy.yaml"
+    config.write_text(yaml.safe_dump(fast))
+    out = tmp_path / "v.json"
+    assert main(["validate", "--config", str(config), "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["chains_per_prompt"] == 26 and all(r["n_serial"] == 104 for r in report["rows"])
+    assert "26 chains per prompt: about 104 samples per side" in capsys.readouterr().err

@@ -20,7 +20,7 @@ from presto_ray.cli import check, model, sample, serve
 from presto_ray.cli.common import Subparsers
 
 # the subcommands in the order `presto-ray --help` lists them
-ORDER = ("sample", "model", "bench", "bench-real", "serve", "validate", "eval", "load-test", "bench-ray", "bench-coordinator")
+ORDER = ("sample", "model", "bench", "bench-real", "serve", "validate", "eval", "load-test", "bench-ray", "bench-coordinator", "bench-early-rejection")
 
 
 def _registrars() -> dict[str, Callable[[Subparsers], None]]:

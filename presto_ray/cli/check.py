@@ -5,6 +5,7 @@ actors/ray_backend.py, imported only then)."""
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -67,7 +68,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from presto_ray.job import encode_prompt
     from presto_ray.output import write_json_atomic
     from presto_ray.prompts import PromptFileError, read_prompts
-    from presto_ray.validate import Margins, run_validation
+    from presto_ray.validate import Margins, run_validation, samples_needed
 
     try:
         config = load_job_config(args)
@@ -84,6 +85,13 @@ def cmd_validate(args: argparse.Namespace) -> int:
         items = read_prompts(args.prompts)
     except PromptFileError as e:
         return fail(str(e))
+    needed = samples_needed(margins)
+    if args.chains is None and needed and len(items) * config.chains_per_prompt < needed:
+        # the default run must be able to show equivalence: as many chains as the margin needs
+        chains = math.ceil(needed / len(items))
+        progress(f"{chains} chains per prompt: about {needed} samples per side are needed to show equivalence "
+                 f"within {margins.sd:g} sd (--chains sets fewer)")
+        config = config.model_copy(update={"chains_per_prompt": chains})
 
     def work(backend: Backend) -> int:
         prompts = [(item.id, encode_prompt(backend.tokenizer, item)) for item in items]
@@ -105,6 +113,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
         print(report.table())
         for note in report.notes:
             print(f"note: {note}")
+        if report.verdict == "equivalence not shown":  # not a difference: too few samples to tell
+            print(f"equivalence not shown: {n} per side, about {needed or 'more'} needed" if not needed or n < needed
+                  else f"equivalence not shown: {n} per side; no statistic differs beyond its margin")
         print(f"equivalent: {report.equivalent}   (wall time: serial {report.wall_time_s['serial']:.1f} s, "
               f"prefetch {report.wall_time_s['prefetch']:.1f} s)")
         print(f"wrote {args.out}")

@@ -17,7 +17,7 @@ def cmd_sample(args: argparse.Namespace) -> int:
     from presto_ray.engines import build_engine
     from presto_ray.job import run_job
     from presto_ray.models import ModelProvisionError
-    from presto_ray.output import write_parquet_atomic
+    from presto_ray.output import OutputPathError, check_output_file, write_parquet_atomic
     from presto_ray.progress import Progress
     from presto_ray.prompts import PromptFileError, read_prompts
 
@@ -25,17 +25,21 @@ def cmd_sample(args: argparse.Namespace) -> int:
         config = load_job_config(args)
     except BadInput as e:
         return fail(str(e))
+    if not args.verbose:
+        quiet_engine_logs()
     if args.ray:
         return _sample_on_ray(args, config)
     if args.address:
         return fail("--address needs --ray")
     if args.fail_fast:
         return fail("--fail-fast needs --ray (the in-process job stops at any bad prompt)")
-    try:
-        items = read_prompts(args.prompts)
-    except PromptFileError as e:
-        return fail(str(e))
     args.out = args.out or "out/samples.parquet"
+    try:  # before any work: the prompts are never overwritten, a bad --out never costs a run
+        check_output_file(args.out, args.prompts)
+        items = read_prompts(args.prompts)
+        check_prompt_lengths(items, config)
+    except (OutputPathError, PromptFileError, ModelProvisionError) as e:
+        return fail(str(e))
     try:
         engine = build_engine(config.engine)
     except ModelProvisionError as e:
@@ -47,10 +51,36 @@ def cmd_sample(args: argparse.Namespace) -> int:
         return fail(str(e))
     finally:
         engine.shutdown()
-    write_parquet_atomic(summary.rows, args.out)
+    try:
+        write_parquet_atomic(summary.rows, args.out)
+    except OSError as e:  # checked before sampling; the disk may still fill or the folder go
+        return fail(f"--out {args.out}: cannot write the samples ({e.strerror or e})")
     print(f"wrote {len(summary.rows)} samples to {args.out}")
     _print_summary(summary, args.show)
     return OK
+
+
+def quiet_engine_logs() -> None:
+    """vLLM's own INFO and WARNING lines off (`--verbose` keeps them): set in the environment before
+    any engine starts, so vLLM's spawned workers and Ray's replica actors read it too. A level the
+    user set stays."""
+    import os
+
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+
+
+def check_prompt_lengths(items: list, config: JobConfig) -> None:
+    """Refuse, before the engine starts, a prompt that does not fit the engine's context with the
+    sampler's horizon: the HTTP service's rule (presto_ray.prompts.context_problem)."""
+    from presto_ray.engines import build_tokenizer
+    from presto_ray.job import encode_prompt
+    from presto_ray.prompts import PromptFileError, context_problem
+
+    tokenizer = build_tokenizer(config.engine)
+    for item in items:
+        tokens = encode_prompt(tokenizer, item)
+        if problem := context_problem(len(tokens), config.sampler.horizon, config.engine.context_length, "horizon"):
+            raise PromptFileError(f"prompt id={item.id!r}: {problem}")
 
 
 def _print_summary(summary: JobSummary, show: int) -> None:
@@ -98,6 +128,7 @@ def add_sample(sub: Subparsers) -> None:
     s.add_argument("--seed", type=int, default=None, help="job seed (overrides the config)")
     s.add_argument("--show", type=int, default=4, help="print this many sampled texts")
     s.add_argument("--quiet", action="store_true", help="no progress bar")
+    s.add_argument("--verbose", action="store_true", help="show the engine's own log lines (vLLM's INFO and WARNING)")
     s.add_argument(
         "--fail-fast", action="store_true",
         help="with --ray: stop at the first bad prompt (default: write its message in the 'error' column and go on)",
