@@ -159,29 +159,45 @@ def test_coordinator_metrics_reach_the_prometheus_endpoint(toy_replicas):
     with SamplingCluster(config.engine, config.ray, replicas=toy_replicas) as cluster:
         driver = ChainDriver.remote()
         prompts = [tuple(tokenizer.encode(item.prompt)) for item in items]
-        ray.get([
-            driver.run.remote(cluster.coordinators, p, (str(n), c), config.sampler.model_copy(update={"seed": c}))
-            for n, p in enumerate(prompts) for c in range(config.chains_per_prompt)
-        ])  # fmt: skip
+        for schedule in ("rounds", "streaming"):  # both schedules export what replicas spent
+            sampler = config.sampler.model_copy(update={"schedule": schedule})
+            ray.get([
+                driver.run.remote(cluster.coordinators, p, (schedule, str(n), c), sampler.model_copy(update={"seed": c}))
+                for n, p in enumerate(prompts) for c in range(config.chains_per_prompt)
+            ])  # fmt: skip
         stats = cluster.snapshot()
         port = ray._private.worker.global_worker.node.metrics_export_port
         wanted = {
             "ray_presto_engine_calls_total", "ray_presto_engine_requests_total", "ray_presto_requests_per_call_count",
             "ray_presto_queue_depth", "ray_presto_chains_active", "ray_presto_cached_token_share",
             "ray_presto_transitions_total", "ray_presto_chain_rounds_total", "ray_presto_prompt_tokens_total",
+            "ray_presto_generated_tokens_total", "ray_presto_stream_starts_total", "ray_presto_streams_running",
         }  # fmt: skip
+
+        def complete(samples: dict) -> bool:
+            return (
+                wanted <= samples.keys()
+                and sum(samples["ray_presto_engine_calls_total"]) >= stats.accounting.calls
+                and sum(samples["ray_presto_stream_starts_total"]) >= stats.counters.streamed_requests
+                and sum(samples["ray_presto_engine_requests_total"]) >= stats.accounting.num_requests
+            )
+
         deadline, samples = time.monotonic() + 90, {}
         while time.monotonic() < deadline:  # the metrics agent exports every few seconds
             lines = httpx.get(f"http://127.0.0.1:{port}/metrics").text.splitlines()
             samples = {}
             for line in (line for line in lines if line.startswith("ray_presto_")):
                 samples.setdefault(line.split("{")[0], []).append(float(line.rsplit(" ", 1)[1]))
-            if wanted <= samples.keys() and sum(samples["ray_presto_engine_calls_total"]) >= stats.accounting.calls:
+            if complete(samples):
                 break
             time.sleep(1)
         ray.kill(driver)
     assert wanted <= samples.keys(), sorted(samples)
     assert sum(samples["ray_presto_engine_calls_total"]) >= stats.accounting.calls > 0
+    # streaming makes no calls, yet its requests and tokens are exported too (they were 0 before)
+    assert sum(samples["ray_presto_stream_starts_total"]) >= stats.counters.streamed_requests > 0
+    assert sum(samples["ray_presto_engine_requests_total"]) >= stats.accounting.num_requests > stats.accounting.calls
+    assert sum(samples["ray_presto_generated_tokens_total"]) >= stats.accounting.generated_tokens > 0
 
 
 def test_bench_coordinator_counts_every_request_through_each_shard_count(ray_address, tmp_path):
