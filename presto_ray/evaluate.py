@@ -14,7 +14,6 @@ answers (per answer and per token).
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Sequence
@@ -26,21 +25,10 @@ from presto_ray.config import SamplerConfig
 from presto_ray.engines.base import ProposalRequest
 from presto_ray.eval_tasks import Problem, extract_answer
 from presto_ray.keys import derive_seed
+from presto_ray.tasks.report import wilson_interval  # one owner of the interval; imported here by name too
 from presto_ray.validate import format_table
 
 METHODS = ("greedy", "temperature_1", "low_temperature", "power")
-
-
-def wilson_interval(successes: int, n: int, z: float = 1.959963984540054) -> tuple[float, float]:
-    """The Wilson score interval of a binomial proportion (95% by default)."""
-    if n == 0:
-        return 0.0, 1.0
-    p = successes / n
-    denominator = 1 + z * z / n
-    centre = (p + z * z / (2 * n)) / denominator
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denominator
-    # the interval contains p; clamping also keeps rounding from putting 0 successes above 0
-    return min(p, max(0.0, centre - half)), max(p, min(1.0, centre + half))
 
 
 @dataclass

@@ -222,7 +222,7 @@ def test_the_parser_lists_every_command_in_its_order(capsys):
         main(["--help"])
     assert exited.value.code == 0
     out = capsys.readouterr().out
-    assert "{sample,model,bench,bench-real,serve,validate,eval,load-test,bench-ray,bench-coordinator}" in out, out
+    assert "{sample,model,bench,bench-real,serve,validate,eval,grade,load-test,bench-ray,bench-coordinator,bench-early-rejection}" in out, out
 
 
 # --- nothing lost, nothing twice, no traceback (the probe's items 1, 2, 7, 14) -------------------

@@ -1,4 +1,4 @@
-"""The `presto-ray` command line: `sample` (the main job), `validate`, `eval`, `model`, `serve` and the
+"""The `presto-ray` command line: `sample` (the main job), `validate`, `eval`, `grade`, `model`, `serve` and the
 benchmarks. The one composition root of the library: its command modules import the layers above
 (`deployments`, `actors`) only inside the commands that need them, and the benchmark commands are
 registered from `bench/commands.py`.
@@ -7,6 +7,7 @@ registered from `bench/commands.py`.
     common     messages and exit statuses, the job config with overrides, comma-separated integers
     sample     sample (in process; --ray on Ray Data: deployments/data_job.py)
     check      validate and eval (in process, or --ray: actors/ray_backend.py)
+    grade      grade (completions made anywhere, against a benchmark dataset: presto_ray/tasks/)
     model      model (the packaged SmolLM2)
     serve      serve (Ray Serve: deployments/serve_app.py)
 """
@@ -16,17 +17,17 @@ from __future__ import annotations
 import argparse
 from typing import Callable
 
-from presto_ray.cli import check, model, sample, serve
+from presto_ray.cli import check, grade, model, sample, serve
 from presto_ray.cli.common import Subparsers
 
 # the subcommands in the order `presto-ray --help` lists them
-ORDER = ("sample", "model", "bench", "bench-real", "serve", "validate", "eval", "load-test", "bench-ray", "bench-coordinator", "bench-early-rejection")
+ORDER = ("sample", "model", "bench", "bench-real", "serve", "validate", "eval", "grade", "load-test", "bench-ray", "bench-coordinator", "bench-early-rejection")
 
 
 def _registrars() -> dict[str, Callable[[Subparsers], None]]:
     from bench import commands as bench_commands  # the benchmarks' arguments live beside them
 
-    return {**sample.COMMANDS, **model.COMMANDS, **serve.COMMANDS, **check.COMMANDS, **bench_commands.COMMANDS}
+    return {**sample.COMMANDS, **model.COMMANDS, **serve.COMMANDS, **check.COMMANDS, **grade.COMMANDS, **bench_commands.COMMANDS}
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from presto_ray.cli.common import EXAMPLES, OK, BadInput, Subparsers, add_ray_options, fail, load_job_config, progress
@@ -124,6 +125,13 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return _run_with_backend(args, config, work)
 
 
+def eval_png_path(out: str, png: str | None) -> str | None:
+    """Where eval's plot goes: `--png`, else beside `--out` with the suffix .png; '' for none."""
+    if png is None:
+        return str(Path(out).with_suffix(".png"))
+    return png or None
+
+
 def cmd_eval(args: argparse.Namespace) -> int:
     from presto_ray.eval_tasks import build_task
     from presto_ray.evaluate import METHODS, plot_report, run_eval
@@ -140,6 +148,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         problems = build_task(args.task, args.n, args.task_seed)
     except ValueError as e:
         return fail(str(e))
+    png = eval_png_path(args.out, args.png)
 
     def work(backend: Backend) -> int:
         report = run_eval(
@@ -150,9 +159,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
         print(f"{args.task}: {len(problems)} problems (task seed {args.task_seed}), answers up to {config.sampler.horizon} tokens")
         print(report.table())
         wrote = [args.out]
-        if args.png:
-            plot_report(report, args.png)
-            wrote.append(args.png)
+        if png:
+            Path(png).parent.mkdir(parents=True, exist_ok=True)
+            plot_report(report, png)
+            wrote.append(png)
         print("wrote " + " and ".join(wrote))
         return OK
 
@@ -189,8 +199,8 @@ def add_eval(sub: Subparsers) -> None:
     e.add_argument("--task-seed", type=int, default=0, help="seed of the generated problems")
     e.add_argument("--seed", type=int, default=None, help="seed of the sampling methods (overrides the config)")
     e.add_argument("--methods", default=None, help="comma-separated subset of greedy,temperature_1,low_temperature,power")
-    e.add_argument("--out", default="out/eval.json", help="JSON report (key `methods`)")
-    e.add_argument("--png", default="out/eval.png", help="plot of accuracy and log-likelihood ('' for none)")
+    e.add_argument("--out", default="out/eval.json", help="JSON report (key `methods`); missing folders are created")
+    e.add_argument("--png", default=None, help="plot of accuracy and log-likelihood (default: --out with .png; '' for none)")
     add_ray_options(e, "run through Ray (replicas and the batching coordinator)")
     e.set_defaults(func=cmd_eval)
 
