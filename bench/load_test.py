@@ -382,3 +382,158 @@ def format_report(report: dict) -> str:
 def passed(report: dict) -> bool:
     v = report["verdict"]
     return v["no_errors"] and v["nothing_lost_or_duplicated"] and v["work_cancelled"] and v["memory"]["flat"]
+
+
+# --- soak: many mixed requests, the ingress replica's RSS sampled over time ----------------------
+# requests the service must refuse (4xx), mixed in with the good ones: what an attacker probe sends
+BAD_REQUESTS: list[tuple[str, str, bytes, dict[str, str]]] = [
+    ("POST", "/v1/completions", b'{"prompt": "hi", ', {"content-type": "application/json"}),
+    ("POST", "/v1/completions", b'{"prompt":"hi","max_tokens":-5,"max_tokens":8}', {"content-type": "application/json"}),
+    ("POST", "/v1/completions", b'{"prompt":"hi","mh_step":5}', {"content-type": "application/json"}),
+    ("POST", "/v1/chat/completions", b'{"messages":[{"role":"user","contnet":"hi"}]}', {"content-type": "application/json"}),
+    ("POST", "/v1/completions", '{"prompt":"hi"}'.encode("utf-16"), {"content-type": "application/json"}),
+    ("POST", "/v1/completions", b'{"prompt":"hi"}', {"content-type": "text/plain"}),
+    ("GET", "/v1/nothing", b"", {}),
+    ("GET", "/v1/completions", b"", {}),
+    ("GET", "/v1/models", b"", {"x-big": "a" * 100_000}),
+]  # fmt: skip
+SOAK_BAD_EVERY = 3  # one request in this many is a bad one
+
+
+async def _soak_clients(url: str, clients: int, total: int, result: Round, bad: dict[str, int]) -> None:
+    import httpx
+
+    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+    counter = iter(range(total))
+
+    async def client(c: int, http) -> None:
+        for i in counter:  # shared: `total` requests over all clients
+            if i % SOAK_BAD_EVERY == SOAK_BAD_EVERY - 1:
+                method, path, body, headers = BAD_REQUESTS[(i // SOAK_BAD_EVERY) % len(BAD_REQUESTS)]
+                try:
+                    r = await http.request(method, f"{url}{path}", content=body or None, headers=headers, timeout=REQUEST_TIMEOUT_S)
+                    key = str(r.status_code)
+                    if r.status_code >= 500 or "error" not in r.json():
+                        result.problems.append(f"bad request {method} {path}: {r.status_code} {r.text[:200]}")
+                except (httpx.HTTPError, ValueError) as e:
+                    key = type(e).__name__
+                    result.problems.append(f"bad request {method} {path}: {key}")
+                bad[key] = bad.get(key, 0) + 1
+                continue
+            kind, n = MIX[i % len(MIX)]
+            await _one_request(http, url, kind, n, 1 + i, result)
+
+    async with httpx.AsyncClient(limits=limits, trust_env=False) as http:
+        await asyncio.gather(*(client(c, http) for c in range(clients)))
+
+
+def rss_by_actor_class() -> dict[str, float]:
+    """RSS (MiB) of the service's live actor processes by class, the Serve ingress replicas
+    (PrestoIngress) apart from the sampling pool's replica (service_rss_mb counts both as ingress)."""
+    from ray._private.state import actors
+
+    rss: dict[str, float] = {}
+    for actor in actors().values():
+        name = actor["ActorClassName"]
+        if actor["State"] != "ALIVE" or not (name.startswith("ServeReplica") or name in ("Coordinator", "EngineReplica")):
+            continue
+        kind = name.rsplit(":", 1)[-1]  # PrestoIngress, SamplingPool, Coordinator, EngineReplica
+        try:
+            with open(f"/proc/{actor['Pid']}/status") as f:
+                kib = next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+        except (OSError, StopIteration):
+            continue
+        rss[kind] = rss.get(kind, 0.0) + kib / 1024
+    return rss
+
+
+def run_soak_rounds(
+    url: str, total: int, clients: int, sample_every_s: float, memory: Callable[[], dict[str, float]] = rss_by_actor_class,
+    progress: Callable[[str], None] = print,
+) -> dict:
+    """`total` mixed requests (good, leaving, bad) from `clients` concurrent clients; the service's
+    RSS by process every `sample_every_s` seconds, with how many requests were done by then."""
+    result, bad, samples = Round(), dict[str, int](), list[dict]()
+    started = time.perf_counter()
+
+    async def main() -> None:
+        work = asyncio.ensure_future(_soak_clients(url, clients, total, result, bad))
+        while True:
+            rss = await asyncio.to_thread(memory)
+            done = result.answered + result.left + len(result.errors) + len(result.problems) + sum(bad.values())
+            samples.append({"t_s": time.perf_counter() - started, "requests_done": done, "ingress_rss_mb": rss.get("PrestoIngress", 0.0),
+                            "rss_mb_by_process": rss})  # fmt: skip
+            progress(f"{samples[-1]['t_s']:7.1f} s  {done:6d} done  RSS MiB " + ", ".join(f"{k} {v:.1f}" for k, v in sorted(rss.items())))
+            if work.done():
+                await work
+                return
+            await asyncio.wait([work], timeout=sample_every_s)
+
+    asyncio.run(main())
+    idle_after_s, _ = wait_until_idle(url)
+    rss = memory()
+    samples.append({"t_s": time.perf_counter() - started, "requests_done": total, "ingress_rss_mb": rss.get("PrestoIngress", 0.0),
+                    "rss_mb_by_process": rss, "after_idle": True})  # fmt: skip
+    return {
+        "total_requests": total, "clients": clients, "answered": result.answered, "left": result.left,
+        "bad_requests_by_status": bad, "errors": len(result.errors) + len(result.problems),
+        "error_samples": (result.errors + result.problems)[:5], "duplicated": len(result.ids) - len(set(result.ids)),
+        "idle_after_s": idle_after_s, "samples": samples, "verdict": soak_verdict(samples),
+    }  # fmt: skip
+
+
+def soak_verdict(samples: list[dict]) -> dict:
+    """Does the ingress RSS level off? Its growth over the second half of the run (by requests
+    done) against the first half's; flat when the second half grows at most a quarter as much
+    or under MEMORY_GROWTH_FLOOR_MB."""
+    points = [(s["requests_done"], s["ingress_rss_mb"]) for s in samples]
+    start, end = points[0][1], points[-1][1]
+    half = points[-1][0] / 2
+    middle = min(points, key=lambda p: abs(p[0] - half))[1]
+    first_half, second_half = middle - start, end - middle
+    levels_off = second_half <= max(0.25 * max(first_half, 0.0), MEMORY_GROWTH_FLOOR_MB)
+    return {"start_mb": start, "middle_mb": middle, "end_mb": end, "first_half_growth_mb": first_half,
+            "second_half_growth_mb": second_half, "levels_off": levels_off}  # fmt: skip
+
+
+def run_soak(total: int, clients: int, sample_every_s: float = 5.0, out_json: str | Path | None = None) -> dict:
+    """Start the toy service on 127.0.0.1 (its own local Ray), soak it, stop everything."""
+    import ray
+    from ray import serve
+
+    from deployments.serve_app import PROXY_CALLBACK, PROXY_CALLBACK_ENV, app_for
+    from presto_ray.job import JobConfig
+
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    os.environ.setdefault(PROXY_CALLBACK_ENV, PROXY_CALLBACK)
+    config = JobConfig.model_validate(TOY_SERVICE)
+    port = _free_port()
+    ray.init(address="local", include_dashboard=False, configure_logging=False, log_to_driver=False)
+    try:
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        serve.run(app_for(config), name="soak", route_prefix="/")
+        soak = run_soak_rounds(f"http://127.0.0.1:{port}", total, clients, sample_every_s)
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+    report = {
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"), "version": __version__,
+        "machine": {"cpus": os.cpu_count(), "load_average_at_end": os.getloadavg()}, "service": TOY_SERVICE,
+        "mix": MIX, "bad_every": SOAK_BAD_EVERY, "figures": "wall clock, this machine", **soak,
+    }  # fmt: skip
+    if out_json:
+        write_json_atomic(report, out_json)
+    return report
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Soak the toy service: RSS of the ingress over time.")
+    parser.add_argument("--soak", type=int, default=4000, help="requests in all")
+    parser.add_argument("--clients", type=int, default=16)
+    parser.add_argument("--sample-every", type=float, default=5.0)
+    parser.add_argument("--out", default="bench/results/soak.json")
+    args = parser.parse_args()
+    soaked = run_soak(args.soak, args.clients, args.sample_every, args.out)
+    print(json.dumps({k: soaked[k] for k in ("answered", "left", "errors", "bad_requests_by_status", "verdict")}, indent=1))
