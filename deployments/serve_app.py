@@ -16,10 +16,8 @@ Ray actors the pool owns rather than Serve replicas because the coordinator addr
 (prefix affinity, per-replica event streams, failover), which a Serve handle's routing hides;
 they die with the pool.
 
-This module is the transport only: the bearer token, bounded headers (431) and a body read
-bounded in size (413) and time (408), routing errors in OpenAI's shape, the proxy middleware that
-drops unsafe client request ids, running the chains and streaming their events, and clients that
-leave (one log line and a count, never an error with a traceback). What a body may say and what the service answers (fields, prompts,
+This module is the transport only: the bearer token, the bounded body read, running the chains
+and streaming their events. What a body may say and what the service answers (fields, prompts,
 seeds, every response body) is the library's presto_ray/openai/ package; the /v1/stats body is
 built from the coordinator's snapshot by deployments/serve_stats.py.
 """
@@ -27,9 +25,7 @@ built from the coordinator's snapshot by deployments/serve_stats.py.
 from __future__ import annotations
 
 import asyncio
-import logging
 import os
-import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -39,8 +35,6 @@ from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingRes
 from pydantic import BaseModel
 from ray import serve
 from ray.exceptions import RayActorError
-from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.types import ASGIApp, Receive, Scope, Send
 
 from actors.chain_actor import drive_chain
 from actors.cluster import SamplingCluster, ensure_ray
@@ -55,30 +49,20 @@ from presto_ray.openai import (
     SampledChoice,
     check_api_key,
     check_content_type,
-    check_headers,
     choice_from_result,
-    client_disconnected,
     completion_response,
     done_chunk,
     error_event,
-    http_error,
     internal_error,
     models_body,
     openapi_route,
     prepare,
     progress_chunk,
     sse_event,
-    safe_request_id,
     stream_end,
 )
 from presto_ray.results import SampleResult
-from presto_ray.serve_config import API_KEY_ENV, ServeConfig
-
-# Serve's HTTP proxy calls this (module:function) for Starlette middlewares of its own, which run
-# before Serve's request-id middleware: start_service sets it for the local Ray it starts
-PROXY_CALLBACK_ENV = "RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH"
-PROXY_CALLBACK = "deployments.serve_app:proxy_middlewares"
-REQUEST_ID_HEADER = b"x-request-id"
+from presto_ray.serve_config import API_KEY_ENV
 
 # FastAPI's own docs routes cannot see the API key: the ingress serves them itself, behind it
 api = FastAPI(
@@ -87,8 +71,6 @@ api = FastAPI(
     docs_url=None,
     redoc_url=None,
     openapi_url=None,
-    # no 307 to a Location built from the client's Host header: /v1/completions/ is a 404
-    redirect_slashes=False,
 )
 
 
@@ -104,73 +86,10 @@ async def _tag_replica(request: Request, call_next: Callable[[Request], Awaitabl
     return response
 
 
-@api.middleware("http")
-async def _check_headers(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
-    """Bounded headers (431) and no second Authorization, Content-Type or Content-Length (400), on
-    every route: uvicorn in Serve's proxy bounds neither the size nor the count of headers."""
-    settings = getattr(request.app.state, "serve_settings", None) or ServeConfig()
-    try:
-        check_headers(request.scope["headers"], settings.max_headers, settings.max_header_bytes)
-    except ApiError as e:
-        response: Response = _error_response(e)
-        response.headers["x-presto-ingress-replica"] = serve.get_replica_context().replica_id.unique_id
-        return response
-    return await call_next(request)
-
-
 # above the deployment: Serve pickles the class by value when it is decorated, with the
 # module-level names that exist at that point
 def _error_response(error: ApiError) -> JSONResponse:
     return JSONResponse(error.body(), error.status, headers=error.headers)
-
-
-@api.exception_handler(StarletteHTTPException)
-async def _http_exception(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-    """Starlette's own answers (404 unknown route, 405 wrong method) in OpenAI's error shape."""
-    return _error_response(http_error(exc.status_code, str(exc.detail), dict(exc.headers or {})))
-
-
-class SafeRequestId:
-    """In Serve's proxy, before its request-id middleware: a client's X-Request-Id is kept only
-    when it matches [A-Za-z0-9._-]{1,64}; otherwise it is dropped and Serve generates one, so
-    no client-chosen text reaches the logs or is echoed back."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] in ("http", "websocket"):
-            headers = scope["headers"]
-            values = [v for k, v in headers if k.lower() == REQUEST_ID_HEADER]
-            if values and (len(values) > 1 or safe_request_id(values[0].decode("latin-1")) is None):
-                scope = {**scope, "headers": [(k, v) for k, v in headers if k.lower() != REQUEST_ID_HEADER]}
-        await self.app(scope, receive, send)
-
-
-def proxy_middlewares() -> list[Any]:
-    """What Serve's HTTP proxy calls through RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH."""
-    from starlette.middleware import Middleware
-
-    return [Middleware(SafeRequestId)]
-
-
-def _log_to_stderr() -> None:
-    """The library's service log (presto_ray.serve: error ids, disconnects) on the replica's
-    stderr, INFO and up (Python's last-resort handler would print warnings only)."""
-    logger = logging.getLogger("presto_ray.serve")
-    if not logger.handlers:
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s presto_ray.serve -- %(message)s"))
-        logger.addHandler(handler)
-        logger.setLevel(logging.INFO)
-        logger.propagate = False
-
-
-def _cancelling() -> bool:
-    """Whether the running task is being cancelled (its client left), even where the cancellation
-    surfaced as another error (a Ray call cancelled on the way out raises TaskCancelledError)."""
-    task = asyncio.current_task()
-    return task is not None and task.cancelling() > 0
 
 
 @serve.deployment(ray_actor_options={"num_cpus": 0}, num_replicas=1)
@@ -181,13 +100,6 @@ class SamplingPool:
     def __init__(self, config: dict[str, Any]) -> None:
         job = JobConfig.model_validate(config)
         self.cluster = SamplingCluster(job.engine, job.ray).start()
-        self.client_disconnects = 0  # every ingress replica reports here: /v1/stats is service-wide
-
-    def count_disconnect(self) -> None:
-        self.client_disconnects += 1
-
-    def disconnects(self) -> int:
-        return self.client_disconnects
 
     def coordinators(self) -> CoordinatorShards:
         shards = self.cluster.coordinators
@@ -215,9 +127,6 @@ class PrestoIngress:
         self.context = engine.context_length
         self.pool = pool  # a handle to SamplingPool
         self._coordinators: CoordinatorShards | None = None
-        self._reports: set[asyncio.Task[None]] = set()  # disconnects on their way to the pool
-        api.state.serve_settings = self.settings  # the header bounds' middleware reads them
-        _log_to_stderr()
 
     async def coordinators(self) -> CoordinatorShards:
         """The pool's coordinator handles, asked for once (again after the pool was restarted)."""
@@ -244,8 +153,7 @@ class PrestoIngress:
         if denied := self._denied(request):
             return denied
         try:
-            snapshot = await (await self.coordinators()).snapshot()
-            return stats_response(snapshot, client_disconnects=await self.pool.disconnects.remote())
+            return stats_response(await (await self.coordinators()).snapshot())
         except Exception as e:  # the coordinator is restarting: no internals in the answer
             self._forget_dead_pool(e)
             return _error_response(internal_error(e))
@@ -280,28 +188,9 @@ class PrestoIngress:
     async def _handle(self, request: Request, chat: bool) -> BaseModel | Response:
         try:
             return await self._answer(request, chat)
-        except asyncio.CancelledError:  # Serve cancels a request whose client went away
-            self._disconnected(None, "before its answer")
-            raise
         except Exception as e:  # a bug or a dead engine, never the client's input: no internals in the body
-            if _cancelling():  # the client left; cancelling its chains' calls raised on the way out
-                self._disconnected(None, "before its answer")
-                raise asyncio.CancelledError from None
             self._forget_dead_pool(e)
             return _error_response(internal_error(e))
-
-    def _disconnected(self, request_id: str | None, where: str) -> None:
-        """A client left: one log line, counted in the pool (so /v1/stats sums every replica's)."""
-        client_disconnected(request_id, where)
-        task = asyncio.get_running_loop().create_task(self._report_disconnect())
-        self._reports.add(task)
-        task.add_done_callback(self._reports.discard)
-
-    async def _report_disconnect(self) -> None:
-        try:
-            await self.pool.count_disconnect.remote()
-        except Exception:  # the pool is restarting: the count is lost with it, nothing else
-            pass
 
     def _forget_dead_pool(self, error: BaseException) -> None:
         if isinstance(error, RayActorError):  # the pool may have been restarted with new actors
@@ -332,13 +221,7 @@ class PrestoIngress:
             return StreamingResponse(self._stream(coordinator, prepared, chains, ids), media_type="text/event-stream")
         try:
             results = await asyncio.gather(*(drive_chain(coordinator, cid, c) for cid, c in zip(ids, chains)))
-        except asyncio.CancelledError:
-            self._disconnected(prepared.id, "before its answer")
-            raise
         except Exception as e:  # an engine failure: this request fails, the service keeps serving
-            if _cancelling():
-                self._disconnected(prepared.id, "before its answer")
-                raise asyncio.CancelledError from None
             self._forget_dead_pool(e)
             return _error_response(internal_error(e, prepared.id))
         return completion_response(prepared, [self._choice(prepared, i, r) for i, r in enumerate(results)])
@@ -358,14 +241,11 @@ class PrestoIngress:
                 result = await drive_chain(coordinator, ids[i], chains[i], on_round=progress)
                 await events.put(self._choice(prepared, i, result))
             except Exception as e:
-                if _cancelling():  # the stream was closed: its client left, nobody reads this event
-                    return
                 await events.put(error_event(e, prepared.id))
             finally:
                 await events.put(None)  # this chain is over
 
         tasks = [asyncio.create_task(run(i)) for i in range(len(chains))]
-        ended = False
         try:
             over, finished = 0, list[SampledChoice]()
             while over < len(tasks):
@@ -379,12 +259,9 @@ class PrestoIngress:
                     yield sse_event(prepared, event)
             for line in stream_end(prepared, finished):
                 yield line
-            ended = True
         finally:
             for task in tasks:
                 task.cancel()  # the client went away: stop its chains
-            if not ended:
-                self._disconnected(prepared.id, "during its stream")
 
     def _choice(self, prepared: Prepared, index: int, result: SampleResult) -> SampledChoice:
         return choice_from_result(index, result, prepared.configs[index].seed, self.tokenizer, prepared.logprobs)
@@ -401,25 +278,16 @@ class PrestoIngress:
         check_api_key(request.headers.get("authorization"), self.api_key)
 
     async def _read(self, request: Request) -> bytes:
-        """The body, bounded in size (413) and in time: a body that does not arrive within
-        serve.request_read_timeout_s (a stalled or trickling client) gets 408, and the connection
-        is closed, so stalled clients do not hold the ingress."""
-        limit, timeout = self.settings.max_body_bytes, self.settings.request_read_timeout_s
+        limit = self.settings.max_body_bytes
         declared = request.headers.get("content-length")
         if declared and declared.isdigit() and int(declared) > limit:
             raise ApiError(413, f"request body is {declared} bytes; the limit is {limit}")
-        chunks, size = list[bytes](), 0
-        try:
-            async with asyncio.timeout(timeout):
-                async for chunk in request.stream():
-                    chunks.append(chunk)
-                    size += len(chunk)
-                    if size > limit:
-                        raise ApiError(413, f"request body is over the limit of {limit} bytes")
-        except TimeoutError:
-            message = f"the request body did not arrive within {timeout:g} s"
-            raise ApiError(408, message, None, "timeout_error", {"Connection": "close"}) from None
-        return b"".join(chunks)
+        raw = b""
+        async for chunk in request.stream():
+            raw += chunk
+            if len(raw) > limit:
+                raise ApiError(413, f"request body is over the limit of {limit} bytes")
+        return raw
 
 
 def build_app(args: dict[str, Any] | None = None) -> Any:  # a bound Serve Application
@@ -441,10 +309,7 @@ def app_for(config: JobConfig) -> Any:  # a bound Serve Application
 
 
 def start_service(config: JobConfig, address: str | None = None, name: str = "presto") -> str:
-    """Deploy the application on Ray Serve (local Ray unless `address`); returns its base URL.
-    The local Ray it starts runs Serve's proxy with `proxy_middlewares` (a cluster's own Ray
-    needs RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH set where it starts, see docs/http.md)."""
-    os.environ.setdefault(PROXY_CALLBACK_ENV, PROXY_CALLBACK)
+    """Deploy the application on Ray Serve (local Ray unless `address`); returns its base URL."""
     ensure_ray(address)
     settings = config.serve
     serve.start(http_options={"host": settings.host, "port": settings.port})
@@ -476,4 +341,3 @@ def run_service(config: JobConfig, address: str | None = None) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         print("presto-ray: stopping the service", flush=True)
         serve.shutdown()
-

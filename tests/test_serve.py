@@ -4,7 +4,6 @@ the real `openai` client (and raw HTTP for bad input): samples equal the in-proc
 from __future__ import annotations
 
 import json
-import os
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -15,11 +14,6 @@ from presto_ray.job import JobConfig
 from presto_ray.keys import derive_seed
 from presto_ray.openai import StatsResponse
 
-# Serve's proxy runs deployments.serve_app's middlewares (the client's X-Request-Id checked) when
-# this is set where Ray starts, as `presto-ray serve` sets it: the session's Ray starts after collection
-os.environ.setdefault("RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH", "deployments.serve_app:proxy_middlewares")
-READ_TIMEOUT_S = 3.0
-
 ray = pytest.importorskip("ray")
 openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
@@ -29,7 +23,7 @@ st = hypothesis.strategies
 TOY = {
     "engine": {"kind": "toy", "vocab_size": 48, "logit_scale": 3.0, "eos_bias": -2.0, "max_model_len": 512},
     "sampler": {"block_size": 8, "mh_steps": 4, "prefetch_budget": 4, "seed": 0, "schedule": "rounds"},
-    "serve": {"request_read_timeout_s": READ_TIMEOUT_S},
+    "serve": {},
 }
 KEY = "test-secret"
 
@@ -581,155 +575,3 @@ def test_the_load_test_script_on_the_toy_service(toy_service):
     # just past the allowance, are not flat
     leaked = [rows[0], {**rows[1], "service_rss_mb": rows[0]["service_rss_mb"] + memory["allowed_growth_mb"] + 1}]
     assert not memory_verdict(leaked)["flat"]
-
-
-# --- attacker probe (issue "Nothing lost, nothing twice, no traceback"): over the real proxy ----
-def openai_error(response, status: int) -> dict:
-    """The answer is `status` with OpenAI's error body (never Starlette's {"detail": ...})."""
-    assert response.status_code == status, (response.status_code, response.text)
-    body = response.json()
-    assert set(body) == {"error"} and body["error"]["message"] and body["error"]["type"], body
-    return body["error"]
-
-
-def test_bodies_the_docs_refuse_are_refused_over_http(toy_service):
-    url, _ = toy_service
-    headers = {"content-type": "application/json"}
-    post = lambda path, raw, h=headers: httpx.post(f"{url}{path}", content=raw, headers=h, timeout=60)  # noqa: E731
-    for key in ("contnet", "name", "tool_calls"):
-        chat = json.dumps({"messages": [{"role": "user", "content": "hi", key: "x"}], "max_tokens": 8}).encode()
-        assert f"messages.0.{key}" in openai_error(post("/v1/chat/completions", chat), 400)["message"]
-    error = openai_error(post("/v1/completions", b'{"prompt":"hi","max_tokens":-5,"max_tokens":8}'), 400)
-    assert "more than once" in error["message"]
-    utf16 = json.dumps(GOOD).encode("utf-16")
-    assert "UTF-8" in openai_error(post("/v1/completions", utf16), 400)["message"]
-    latin = {"content-type": "application/json; charset=latin-1"}
-    assert "UTF-8" in openai_error(post("/v1/completions", json.dumps(GOOD).encode(), latin), 415)["message"]
-    error = openai_error(httpx.post(f"{url}/v1/completions", json={**GOOD, "mh_steps": 10**6}, timeout=60), 400)
-    assert "at most 1000" in error["message"] and "serve.max_mh_steps" in error["message"]
-    assert httpx.post(f"{url}/v1/completions", json=GOOD, timeout=60).status_code == 200  # and the service serves on
-
-
-def test_header_bounds_and_a_second_authorization(toy_service, serve_base_url):
-    url, _ = toy_service
-    assert "limit" in openai_error(httpx.get(f"{url}/v1/models", headers={"x-big": "a" * 1_000_000}, timeout=60), 431)["message"]
-    many = [(f"x-h{i}", "v") for i in range(2000)]
-    assert "headers" in openai_error(httpx.get(f"{url}/v1/models", headers=many, timeout=60), 431)["message"]
-    secured = f"{serve_base_url}/secured"
-    for pair in ([f"Bearer {KEY}", "Bearer wrong"], ["Bearer wrong", f"Bearer {KEY}"]):
-        r = httpx.get(f"{secured}/v1/models", headers=[("authorization", v) for v in pair], timeout=60)
-        assert "authorization" in openai_error(r, 400)["message"]
-    assert httpx.get(f"{secured}/v1/models", headers={"authorization": f"Bearer {KEY}"}, timeout=60).status_code == 200
-
-
-def test_routing_errors_have_the_openai_shape_and_no_redirect(toy_service):
-    url, _ = toy_service
-    assert openai_error(httpx.get(f"{url}/v1/nothing-here", timeout=60), 404)["type"] == "not_found_error"
-    r = httpx.get(f"{url}/v1/completions", timeout=60)
-    openai_error(r, 405)
-    assert r.headers["allow"] == "POST"
-    r = httpx.post(f"{url}/v1/completions/", json=GOOD, headers={"host": "evil.example"}, timeout=60, follow_redirects=False)
-    openai_error(r, 404)
-    assert "location" not in r.headers
-
-
-def test_only_safe_client_request_ids_are_echoed(toy_service):
-    import re
-
-    url, _ = toy_service
-    r = httpx.get(f"{url}/health", headers={"x-request-id": "client-id_1.2"}, timeout=60)
-    assert r.headers["x-request-id"] == "client-id_1.2"
-    for unsafe in ("<script>alert(1)</script>", "a" * 65, "has space", "{\"json\":1}"):
-        r = httpx.get(f"{url}/health", headers={"x-request-id": unsafe}, timeout=60)
-        assert r.status_code == 200 and r.headers["x-request-id"] != unsafe, unsafe
-        assert re.fullmatch(r"[A-Za-z0-9._-]{1,64}", r.headers["x-request-id"]), r.headers["x-request-id"]
-
-
-def _raw_request(host: str, port: int, head: bytes, timeout: float):
-    import socket
-
-    s = socket.create_connection((host, port), timeout=timeout)
-    s.sendall(head)
-    return s
-
-
-def _read_until_closed(s, deadline: float) -> bytes:
-    """What the server sends until it closes the connection or time.monotonic() passes `deadline`."""
-    import socket
-    import time
-
-    data = b""
-    while time.monotonic() < deadline:
-        s.settimeout(max(0.1, deadline - time.monotonic()))
-        try:
-            chunk = s.recv(65536)
-        except socket.timeout:
-            break
-        if not chunk:
-            return data + b"<closed>"
-        data += chunk
-    return data
-
-
-def test_stalled_bodies_get_a_408_and_do_not_keep_good_requests_out(toy_service):
-    """N connections send their headers (Content-Length: 100) and no body: a good request is
-    answered at once meanwhile, and each stalled one gets 408 and is closed within the bound."""
-    import time
-    from urllib.parse import urlparse
-
-    url, _ = toy_service
-    parsed = urlparse(url)
-    head = (
-        f"POST {parsed.path}/v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-        "Content-Length: 100\r\n\r\n"
-    ).encode()
-    stalled = [_raw_request(parsed.hostname, parsed.port, head, 30) for _ in range(32)]
-    started = time.monotonic()
-    try:
-        time.sleep(0.5)  # every stalled request has reached the ingress
-        good = httpx.post(f"{url}/v1/completions", json=GOOD, timeout=60)
-        assert good.status_code == 200 and time.monotonic() - started < READ_TIMEOUT_S, time.monotonic() - started
-        deadline = started + READ_TIMEOUT_S + 10  # one bound for all of them
-        answers = [_read_until_closed(s, deadline) for s in stalled]
-        took = time.monotonic() - started
-    finally:
-        for s in stalled:
-            s.close()
-    for answer in answers:
-        assert answer.startswith(b"HTTP/1.1 408") and b'"timeout_error"' in answer and answer.endswith(b"<closed>"), answer[:300]
-    assert took < READ_TIMEOUT_S + 10, took
-
-
-def _ingress_logs(app: str) -> dict[str, str]:
-    """The stderr and stdout of `app`'s ingress replicas (Ray's worker logs, where the replica's
-    presto_ray.serve log goes), by file."""
-    import glob
-
-    from ray._private import worker
-    from ray._private.state import actors
-
-    logs_dir = worker._global_node.get_logs_dir_path()  # this session's (session_latest may be another Ray's)
-
-    pids = [a["Pid"] for a in actors().values() if a["State"] == "ALIVE" and a["ActorClassName"] == f"ServeReplica:{app}:PrestoIngress"]
-    logs = {}
-    paths = glob.glob(f"{logs_dir}/serve/replica_{app}_PrestoIngress_*.log")
-    for pid in pids:
-        paths += glob.glob(f"{logs_dir}/worker-*-{pid}.*")
-    for path in paths:
-        with open(path, errors="replace") as f:
-            logs[path] = f.read()
-    return logs
-
-
-def test_a_client_that_disconnects_is_logged_and_counted_without_a_traceback(toy_service):
-    import time
-
-    url, _ = toy_service
-    before_logs, before = _ingress_logs("toy"), httpx.get(f"{url}/v1/stats", timeout=10).json()
-    check_a_disconnect_stops_its_chains(url)  # a stream closed, then a whole answer given up on
-    time.sleep(2.0)  # the replicas' logs are flushed
-    new = "".join(text[len(before_logs.get(path, "")):] for path, text in _ingress_logs("toy").items())
-    assert "Traceback" not in new and "err-" not in new, new[-3000:]
-    assert new.count("client disconnected") >= 2, new[-3000:]
-    after = httpx.get(f"{url}/v1/stats", timeout=10).json()
-    assert after["client_disconnects"] - before["client_disconnects"] >= 2, (before["client_disconnects"], after["client_disconnects"])
