@@ -20,6 +20,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+from bench.plots import save_figure
 from bench.table import Columns, format_table
 from presto_ray import __version__
 from presto_ray.engines import build_engine
@@ -234,7 +235,4 @@ def plot(report: dict, path: str | Path) -> None:
         ax.grid(alpha=0.3)
         ax.legend()
     fig.suptitle("presto-ray throughput against concurrent chains (one replica)")
-    fig.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path, dpi=120)

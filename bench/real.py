@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 
+from bench.plots import save_figure
 from bench.table import Columns, format_table
 from presto_ray import __version__
 from presto_ray.config import SamplerConfig
@@ -167,11 +168,7 @@ def plot(report: dict, path: str | Path) -> None:
         ax.legend()
         ax.grid(alpha=0.3)
     fig.suptitle(f"presto-ray on vLLM (CPU), {Path(report['config']['model_dir']).name}")
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def format_report(report: dict) -> str:

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from bench.plots import save_figure
 from bench.table import Columns, format_table
 from presto_ray.chain import Chain
 from presto_ray.config import SamplerConfig
@@ -209,11 +210,7 @@ def plot(rows: list[dict], path: str | Path) -> None:
         ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=8)
     fig.suptitle("Serial vs rounds vs streaming on the toy's virtual clock (T = 96; virtual, not wall clock)")
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 # --- load: many chains on one device -------------------------------------------------------------
@@ -356,8 +353,4 @@ def plot_load(rows: list[dict], path: str | Path) -> None:
         ax.grid(alpha=0.3)
     axes[1][0].legend(fontsize=8)
     fig.suptitle("Many chains on one device (T = 48, K = 16, budget 8; virtual time, not wall clock)")
-    fig.tight_layout()
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
