@@ -50,7 +50,7 @@ async def _stream(coordinator, chain_id, chain: Chain, metrics: ChainMetrics, on
     stream = ChainStream(chain)
     actions = stream.step(budget=await coordinator.stream_open.remote(chain_id, chain.config.prefetch_budget))
     while not actions.done:  # done: chain_finished aborts what is still running
-        update = await coordinator.stream_exchange.remote(chain_id, ChainActions(actions.aborts, actions.starts, actions.wakes))
+        update = await coordinator.stream_exchange.remote(chain_id, ChainActions(actions.aborts, actions.starts, actions.wakes, actions.bounds))
         actions = stream.step(update.events, update.budget)
         if actions.transitions:  # progress, not every fork point
             metrics.record_round(actions.transitions)

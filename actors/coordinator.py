@@ -35,6 +35,7 @@ from ray.exceptions import RayActorError
 from actors.background_tasks import BackgroundTasks
 from actors.coordinator_commands import (
     AbortStreams,
+    BoundStreams,
     Command,
     PollReplica,
     ReplicaLost,
@@ -190,7 +191,7 @@ class Coordinator:
                 self.metrics.replica_failures.inc()
                 if command.probe:
                     self.tasks.spawn(self._probe(command.replica))
-            elif isinstance(command, (StartStreams, WakeStreams, AbortStreams, PollReplica, WakeChains)):
+            elif isinstance(command, (StartStreams, WakeStreams, BoundStreams, AbortStreams, PollReplica, WakeChains)):
                 self.streams.carry_out(command)
             else:  # pragma: no cover - a new command type must be handled here
                 raise TypeError(f"unknown command {command!r}")

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Union
 
 from actors.stream_protocol import ReplicaStart, StreamId
+from presto_ray.early_rejection import RejectionBound
 from presto_ray.engines.base import Completion, ProposalRequest
 
 
@@ -56,6 +57,14 @@ class WakeStreams:
 
 
 @dataclass(frozen=True)
+class BoundStreams:
+    """New early-rejection bounds for running streams: (stream, bounds) pairs."""
+
+    replica: int
+    bounds: tuple[tuple[StreamId, tuple[RejectionBound, ...]], ...]
+
+
+@dataclass(frozen=True)
 class AbortStreams:
     replica: int
     stream_ids: tuple[StreamId, ...]
@@ -75,4 +84,4 @@ class WakeChains:
     chain_ids: tuple[Hashable, ...]
 
 
-Command = Union[SendCall, Settle, ReplicaLost, StartStreams, WakeStreams, AbortStreams, PollReplica, WakeChains]
+Command = Union[SendCall, Settle, ReplicaLost, StartStreams, WakeStreams, BoundStreams, AbortStreams, PollReplica, WakeChains]

@@ -9,6 +9,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 
 from actors.stream_protocol import ReplicaEvent, ReplicaEvents, ReplicaStart, StreamId
+from presto_ray.early_rejection import RejectionBound
 from presto_ray.engines import (
     CallAccounting,
     EngineEvent,
@@ -84,6 +85,14 @@ class EngineReplica:
             handle = self._handles.get(stream_id)
             if handle is not None:
                 self.streams.wake_at(handle, generated)
+
+    async def stream_bounds(self, bounds: Sequence[tuple[StreamId, tuple[RejectionBound, ...]]]) -> None:
+        """New early-rejection bounds for running streams (a stream they stop ends as an event)."""
+        for stream_id, new in bounds:
+            handle = self._handles.get(stream_id)
+            if handle is not None:
+                self.streams.set_rejection_bounds(handle, new)
+        self._news.set()
 
     async def stream_abort(self, stream_ids: Sequence[StreamId]) -> None:
         for stream_id in stream_ids:

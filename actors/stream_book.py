@@ -17,14 +17,15 @@ from __future__ import annotations
 import itertools
 from collections import Counter, defaultdict
 from collections.abc import Hashable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from actors.batching import fair_competitors, request_group
-from actors.coordinator_commands import AbortStreams, Command, PollReplica, StartStreams, WakeChains, WakeStreams
+from actors.coordinator_commands import AbortStreams, BoundStreams, Command, PollReplica, StartStreams, WakeChains, WakeStreams
 from actors.coordinator_stats import CoordinatorCounters
 from actors.replica_table import ReplicaTable
 from actors.stream_protocol import ChainActions, ChainEvent, ChainUpdate, ReplicaEvent, ReplicaEvents, ReplicaStart, StreamId, StreamLost
 from presto_ray.chain import StreamKey
+from presto_ray.early_rejection import RejectionBound
 from presto_ray.engines.base import CallAccounting, ProposalRequest
 from presto_ray.speculation import streaming_budget
 
@@ -39,9 +40,11 @@ class _Stream:
     wakes: set[int] = field(default_factory=set)
     attempts: int = 0
     sent: bool = False  # False: parked until its replica is healthy again
+    bounds: tuple[RejectionBound, ...] | None = None  # early rejection: set by its chain since it started
 
     def start(self) -> ReplicaStart:
-        return ReplicaStart(self.stream_id, self.request, self.priority, tuple(sorted(self.wakes)))
+        request = self.request if self.bounds is None else replace(self.request, rejection_bounds=self.bounds)
+        return ReplicaStart(self.stream_id, request, self.priority, tuple(sorted(self.wakes)))
 
 
 @dataclass(frozen=True)
@@ -107,7 +110,7 @@ class StreamBook:
         return [*self._unsubscribe(chain_id, mailbox, list(mailbox.subscriptions)), WakeChains((chain_id,))]
 
     def exchange(self, chain_id: Hashable, actions: ChainActions) -> Exchanged:
-        """Apply the chain's aborts, starts and wakes. Raises StreamLost for a chain with no open mailbox."""
+        """Apply the chain's aborts, starts, wakes and bounds. Raises StreamLost for a chain with no open mailbox."""
         mailbox = self.mailboxes.get(chain_id)
         if mailbox is None:
             raise StreamLost(f"chain {chain_id} has no open stream (the coordinator restarted?)")
@@ -115,6 +118,7 @@ class StreamBook:
         commands = self._unsubscribe(chain_id, mailbox, actions.abort)
         commands += self._start(chain_id, mailbox, actions.start)
         commands += self._wake(mailbox, actions.wakes)
+        commands += self._bound(mailbox, actions.bounds)
         return Exchanged(mailbox.generation, commands, self.counters.deduplicated - deduplicated)
 
     def take_update(self, chain_id: Hashable, generation: int) -> ChainUpdate | None:
@@ -236,6 +240,19 @@ class StreamBook:
                 if stream.sent:  # a parked stream takes its wakes along when it is sent
                     by_replica[stream.replica].append((stream.stream_id, generated))
         return [WakeStreams(i, tuple(batch)) for i, batch in by_replica.items()]
+
+    def _bound(self, mailbox: _Mailbox, bounds: Sequence[tuple[StreamKey, tuple[RejectionBound, ...]]]) -> list[Command]:
+        """New early-rejection bounds from the stream's only subscriber. A stream several chains
+        share keeps the bounds it started with: each chain checks a stopped completion itself."""
+        by_replica: dict[int, list[tuple[StreamId, tuple[RejectionBound, ...]]]] = defaultdict(list)
+        for key, new in bounds:
+            stream = mailbox.subscriptions.get(key)
+            if stream is None or len(stream.subscribers) > 1:
+                continue
+            stream.bounds = new
+            if stream.sent:  # a parked stream takes its bounds along when it is sent
+                by_replica[stream.replica].append((stream.stream_id, new))
+        return [BoundStreams(i, tuple(batch)) for i, batch in by_replica.items()]
 
     def _unsubscribe(self, chain_id: Hashable, mailbox: _Mailbox, keys: Sequence[StreamKey]) -> list[Command]:
         aborts: dict[int, list[StreamId]] = defaultdict(list)

@@ -2,9 +2,10 @@
 when chains stream (docs/streaming.md). Plain frozen dataclasses: cheap to pickle, no Ray needed to
 build them.
 
-Chain -> coordinator: `ChainActions` (abort these, start those, wake me at these fork points), answered
+Chain -> coordinator: `ChainActions` (abort these, start those, wake me at these fork points, stop
+those by these early-rejection bounds now), answered
 by a `ChainUpdate` once at least one event for the chain has landed (a long poll: one round trip
-per batch of events, no per-call barrier). Coordinator -> replica: `ReplicaStart`s, wakes and aborts
+per batch of events, no per-call barrier). Coordinator -> replica: `ReplicaStart`s, wakes, bounds and aborts
 by `StreamId`; replica -> coordinator: `ReplicaEvents`, also a long poll.
 
 `ChainActions` carries a `presto_ray.stream_step.StreamActions` (its aborts, starts and wakes) and a
@@ -17,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from presto_ray.chain import StartRequest, StreamKey
+from presto_ray.early_rejection import RejectionBound
 from presto_ray.engines.base import CallAccounting, Completion, ProposalRequest
 
 # A request as the coordinator names it on a replica: (the coordinator's epoch, a counter). The
@@ -34,6 +36,7 @@ class ChainActions:
     abort: tuple[StreamKey, ...] = ()
     start: tuple[StartRequest, ...] = ()
     wakes: tuple[tuple[StreamKey, int], ...] = ()  # (running request, token count that unlocks a fork)
+    bounds: tuple[tuple[StreamKey, tuple[RejectionBound, ...]], ...] = ()  # running request -> its new rejection bounds
 
 
 @dataclass(frozen=True)

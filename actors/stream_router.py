@@ -17,7 +17,7 @@ from typing import Any
 from ray.exceptions import RayActorError
 
 from actors.background_tasks import BackgroundTasks
-from actors.coordinator_commands import AbortStreams, Command, PollReplica, StartStreams, WakeChains, WakeStreams
+from actors.coordinator_commands import AbortStreams, BoundStreams, Command, PollReplica, StartStreams, WakeChains, WakeStreams
 from actors.coordinator_core import CoordinatorCore
 from actors.metrics import CoordinatorMetrics
 from actors.stream_protocol import ChainActions, ChainUpdate
@@ -27,7 +27,7 @@ POLL_TIMEOUT_S = 1.0
 # How often a poller of a dead replica looks whether the probe has put it back.
 DOWN_REPLICA_RECHECK_S = 0.2
 
-StreamCommand = StartStreams | WakeStreams | AbortStreams | PollReplica | WakeChains
+StreamCommand = StartStreams | WakeStreams | BoundStreams | AbortStreams | PollReplica | WakeChains
 
 
 class StreamRouter:
@@ -82,6 +82,8 @@ class StreamRouter:
         elif isinstance(command, WakeStreams):
             self._metrics.streams.record_wakes(len(command.wakes))
             self._fire(self._replica(command.replica).stream_wake.remote(list(command.wakes)))
+        elif isinstance(command, BoundStreams):
+            self._fire(self._replica(command.replica).stream_bounds.remote(list(command.bounds)))
         elif isinstance(command, AbortStreams):
             self._metrics.streams.record_aborts(len(command.stream_ids))
             self._fire(self._replica(command.replica).stream_abort.remote(list(command.stream_ids)))

@@ -180,7 +180,8 @@ def replay_chain(
 
 
 def serial_config(base: SamplerConfig, sampler: str, seed: int) -> SamplerConfig:
-    update: dict[str, Any] = {"sampler": sampler, "traversal": "serial", "schedule": "rounds", "seed": seed}
+    # early_rejection off: the replay needs every proposal whole, to find where the bound fires
+    update: dict[str, Any] = {"sampler": sampler, "traversal": "serial", "schedule": "rounds", "seed": seed, "early_rejection": False}
     if sampler == "multi_try":
         update["num_tries"] = MULTI_TRY_NUM_TRIES
     return base.model_copy(update=update)

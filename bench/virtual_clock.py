@@ -10,6 +10,7 @@ T steps, so `latency_vs_plain` = decode steps / T.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from pathlib import Path
 
@@ -35,15 +36,15 @@ CLOCK = "virtual decode steps: step cost 1, batch free (b = 0), unlimited runnin
 def _techniques(config: SamplerConfig) -> dict:
     """Row keys naming the exact techniques beyond prefetching that a row ran with: every row of
     every table here (one chain per device, latency, load) passes through this one place.
+    `early_rejection`: proposals were stopped once their rejection was certain."""
+    return {"early_rejection": config.early_rejection}
 
-    Empty today. The next step of the "exact early rejection" issue adds `early_rejection` here
-    (from `config`, once the schedules read SamplerConfig.early_rejection), so that each row says
-    whether proposals were stopped early; keep its columns beside `tokens_vs_serial`.
-    """
-    return {}
+
+EARLY_REJECTION = (False, True)  # every setting runs both, side by side on the same samples
 
 COLUMNS: Columns = [
     ("schedule", "schedule", "{}"),
+    ("early_rejection", "early rej.", "{}"),
     ("fixed_length", "fixed", "{}"),
     ("mh_steps", "K", "{}"),
     ("prefetch_budget", "budget", "{}"),
@@ -51,6 +52,7 @@ COLUMNS: Columns = [
     ("speedup_vs_serial", "speedup", "{:.2f}x"),
     ("latency_vs_plain", "x plain", "{:.2f}"),
     ("tokens_vs_serial", "tokens vs serial", "{:.2f}"),
+    ("early_stopped_requests", "stopped/sample", "{:.1f}"),
     ("forked_requests", "forks/sample", "{:.1f}"),
     ("aborted_requests", "aborts/sample", "{:.1f}"),
     ("mean_length", "length", "{:.1f}"),
@@ -87,6 +89,7 @@ def _row(schedule: str, config: SamplerConfig, runs: list, serial: list) -> dict
         "latency_vs_plain": steps / config.horizon,
         "tokens_vs_serial": tokens / serial_tokens,
         "forked_requests": sum(c.stats.forked_requests for c, _ in runs) / n,
+        "early_stopped_requests": sum(c.stats.early_stopped_requests for c, _ in runs) / n,
         "aborted_requests": sum(c.stats.aborted_requests for c, _ in runs) / n,
         "mean_length": sum(len(c.output_token_ids) for c, _ in runs) / n,
         "acceptance_rate": sum(c.stats.accepted for c, _ in runs) / max(1, sum(c.stats.transitions for c, _ in runs)),
@@ -97,11 +100,12 @@ def _row(schedule: str, config: SamplerConfig, runs: list, serial: list) -> dict
 
 
 def _chains_and_serial(spec: ToyEngineConfig, mh_steps: int, fixed_length: bool, chains: int):
-    """The base config, each chain's prompt and seeded config, and the serial runs they compare with."""
+    """The base config, each chain's prompt and seeded config, and the serial runs they compare
+    with: the serial chain as it was before any exact technique, without early rejection."""
     base = SamplerConfig(block_size=HORIZON, mh_steps=mh_steps, fixed_length=fixed_length, traversal="predictive")
     prompts = [[5, 6, 7 + c] for c in range(chains)]
     configs = [base.model_copy(update={"seed": c}) for c in range(chains)]
-    serial = [_run(spec, c.model_copy(update={"traversal": "serial"}), p) for c, p in zip(configs, prompts)]
+    serial = [_run(spec, c.model_copy(update={"traversal": "serial", "early_rejection": False}), p) for c, p in zip(configs, prompts)]
     return base, prompts, configs, serial
 
 
@@ -118,14 +122,22 @@ def run_virtual_clock_bench(
         spec = ENGINES[fixed_length]
         for k in mh_steps:
             base, prompts, configs, serial = _chains_and_serial(spec, k, fixed_length, chains)
-            rows.append(_row("serial", base, serial, serial) | {"engine": spec.model_dump()})
+            off = {"early_rejection": False, "traversal": "serial"}
+            rows.append(_row("serial", base.model_copy(update=off), serial, serial) | {"engine": spec.model_dump()})
+            on = {"traversal": "serial"}
+            runs = [_run(spec, c.model_copy(update=on), p) for c, p in zip(configs, prompts)]
+            rows.append(_row("serial", base.model_copy(update=on), runs, serial) | {"engine": spec.model_dump()})
             for budget in budgets:
                 for schedule in ("rounds", "streaming"):
-                    update = {"prefetch_budget": budget, "schedule": schedule}
-                    runs = [_run(spec, c.model_copy(update=update), p) for c, p in zip(configs, prompts)]
-                    rows.append(_row(schedule, base.model_copy(update=update), runs, serial) | {"engine": spec.model_dump()})
-                    r = rows[-1]
-                    progress(f"fixed={fixed_length} K={k} N={budget} {schedule}: {r['speedup_vs_serial']:.2f}x, tokens {r['tokens_vs_serial']:.2f}")
+                    for early_rejection in EARLY_REJECTION:
+                        update = {"prefetch_budget": budget, "schedule": schedule, "early_rejection": early_rejection}
+                        runs = [_run(spec, c.model_copy(update=update), p) for c, p in zip(configs, prompts)]
+                        rows.append(_row(schedule, base.model_copy(update=update), runs, serial) | {"engine": spec.model_dump()})
+                        r = rows[-1]
+                        progress(
+                            f"fixed={fixed_length} K={k} N={budget} {schedule} early_rejection={early_rejection}: "
+                            f"{r['speedup_vs_serial']:.2f}x, tokens {r['tokens_vs_serial']:.2f}"
+                        )
     if out_json:
         write_json_atomic(rows, out_json)
     return rows
@@ -140,6 +152,7 @@ def format_report(rows: list[dict]) -> str:
 LATENCY_SETTINGS = ((20, None), (48, None), (20, 0.0))
 
 LATENCY_COLUMNS: Columns = [
+    ("early_rejection", "early rej.", "{}"),
     ("fixed_length", "fixed", "{}"),
     ("prefetch_budget", "budget", "{}"),
     ("speculation_gain", "speculation_gain", "{}"),
@@ -157,13 +170,16 @@ def run_latency_bench(
     out_json: str | Path | None = None, progress: Callable[[str], None] = print,
 ) -> list[dict]:
     """Streaming's latency relative to plain decoding (decode steps / T) at K = `mh_steps`, beside
-    rounds at the same budget, for each (budget, speculation_gain) in `settings` (None: default)."""
+    rounds at the same budget, for each (budget, speculation_gain) in `settings` (None: default),
+    with early rejection off and on; `serial_latency_vs_plain` is the serial chain's with the same."""
     rows = []
     for fixed_length in (True, False):
         spec = ENGINES[fixed_length]
-        base, prompts, configs, serial = _chains_and_serial(spec, mh_steps, fixed_length, chains)
-        for budget, gain in settings:
-            update = {"prefetch_budget": budget} | ({} if gain is None else {"speculation_gain": gain})
+        base, prompts, configs, serial_off = _chains_and_serial(spec, mh_steps, fixed_length, chains)
+        serial_on = [_run(spec, c.model_copy(update={"traversal": "serial"}), p) for c, p in zip(configs, prompts)]
+        for (budget, gain), early_rejection in itertools.product(settings, EARLY_REJECTION):
+            serial = serial_on if early_rejection else serial_off
+            update = {"prefetch_budget": budget, "early_rejection": early_rejection} | ({} if gain is None else {"speculation_gain": gain})
             config = base.model_copy(update=update)
             streaming = [_run(spec, c.model_copy(update=update | {"schedule": "streaming"}), p) for c, p in zip(configs, prompts)]
             rounds = [_run(spec, c.model_copy(update=update | {"schedule": "rounds"}), p) for c, p in zip(configs, prompts)]
@@ -177,7 +193,10 @@ def run_latency_bench(
                 "same_as_serial": row["same_as_serial"] and rounds_row["same_as_serial"],
                 "engine": spec.model_dump(),
             })  # fmt: skip
-            progress(f"latency fixed={fixed_length} N={budget} gain={config.speculation_gain}: {row['latency_vs_plain']:.2f}x plain")
+            progress(
+                f"latency fixed={fixed_length} N={budget} gain={config.speculation_gain} early_rejection={early_rejection}: "
+                f"{row['latency_vs_plain']:.2f}x plain"
+            )
     if out_json:
         write_json_atomic(rows, out_json)
     return rows
@@ -197,11 +216,14 @@ def plot(rows: list[dict], path: str | Path) -> None:
     fig, axes = plt.subplots(2, 2, figsize=(11, 7), sharex=True)
     for col, fixed_length in enumerate((True, False)):
         picked = [r for r in rows if r["fixed_length"] == fixed_length and r["schedule"] != "serial"]
-        for schedule, style in (("rounds", "--"), ("streaming", "-")):
+        for (schedule, style), early_rejection in itertools.product((("rounds", "--"), ("streaming", "-")), EARLY_REJECTION):
             for budget in sorted({r["prefetch_budget"] for r in picked}):
-                line = sorted((r for r in picked if r["schedule"] == schedule and r["prefetch_budget"] == budget), key=lambda r: r["mh_steps"])
+                line = sorted(
+                    (r for r in picked if (r["schedule"], r["prefetch_budget"], r["early_rejection"]) == (schedule, budget, early_rejection)),
+                    key=lambda r: r["mh_steps"],
+                )
                 ks = [r["mh_steps"] for r in line]
-                label = f"{schedule}, budget {budget}"
+                label = f"{schedule}, budget {budget}{', early rej.' if early_rejection else ''}"
                 axes[0][col].plot(ks, [r["speedup_vs_serial"] for r in line], style, marker="o", label=label)
                 axes[1][col].plot(ks, [r["tokens_vs_serial"] for r in line], style, marker="o", label=label)
         axes[0][col].set(title=f"{'fixed length' if fixed_length else 'with EOS'}: speedup over serial (decode steps)", xscale="log")
@@ -236,8 +258,10 @@ DEVICES = load_devices()
 LOAD_COLUMNS: Columns = [
     ("device", "device", "{}"),
     ("saturation", "n_sat", "{}"),
+    ("fixed_length", "fixed", "{}"),
     ("chains", "chains", "{}"),
     ("schedule", "schedule", "{}"),
+    ("early_rejection", "early rej.", "{}"),
     ("samples_per_kilostep", "samples / 1000 time", "{:.2f}"),
     ("transitions_per_kilostep", "trans / 1000 time", "{:.1f}"),
     ("throughput_vs_serial", "vs serial", "{:.2f}x"),
@@ -260,7 +284,7 @@ def _load_run(device: dict, config: SamplerConfig, chains: int) -> dict:
     from presto_ray.driver import sample_many
     from presto_ray.engines.virtual_clock import VirtualClockEngine
 
-    engine = VirtualClockEngine(ENGINES[True].build(), **device)
+    engine = VirtualClockEngine(ENGINES[config.fixed_length].build(), **device)
     finished_at: dict[int, float] = {}
     results, _ = sample_many(
         engine,
@@ -280,16 +304,18 @@ def _load_run(device: dict, config: SamplerConfig, chains: int) -> dict:
 
 def run_load_bench(
     *, devices: dict[str, dict] | None = None, chain_counts: dict[str, tuple[int, ...]] | None = None,
-    budget: int = 8, mh_steps: int = 16, horizon: int = 48,
+    budget: int = 8, mh_steps: int = 16, horizon: int = 48, lengths: tuple[bool, ...] = (True, False),
     out_json: str | Path | None = None, progress: Callable[[str], None] = print,
 ) -> list[dict]:
-    """Throughput of serial, rounds and streaming chains sharing one device, in virtual time.
+    """Throughput of serial, rounds and streaming chains sharing one device, in virtual time, each
+    with early rejection off and on; `throughput_vs_serial` and `tokens_vs_serial` compare with
+    serial chains without it, in the same setting.
 
     `devices`: name -> VirtualClockEngine settings (default `DEVICES`); `chain_counts`: name ->
-    chain counts (a device not named: 1, 8, 64, or 1, 8, 64, 256 on a saturating device).
+    chain counts (a device not named: 1, 8, 64, or 1, 8, 64, 256 on a saturating device);
+    `lengths`: fixed length (True) and with EOS (False), each on its ENGINES toy.
     """
     devices = DEVICES if devices is None else devices
-    base = SamplerConfig(block_size=horizon, mh_steps=mh_steps, prefetch_budget=budget, fixed_length=True)
     schedules = {
         # serial chains streamed: each waits for its own request only, not for the others'
         "serial": {"traversal": "serial", "schedule": "streaming"},
@@ -297,17 +323,21 @@ def run_load_bench(
         "streaming": {"schedule": "streaming"},
     }
     rows = []
-    for device_name, device in devices.items():
+    for (device_name, device), fixed_length in itertools.product(devices.items(), lengths):
+        base = SamplerConfig(block_size=horizon, mh_steps=mh_steps, prefetch_budget=budget, fixed_length=fixed_length)
         default = LOAD_CHAINS if _saturation(device) == "none" else SATURATING_CHAINS
         counts = (chain_counts or {}).get(device_name, default)
         for chains in counts:
-            configs = {name: base.model_copy(update=update) for name, update in schedules.items()}
-            runs = {name: _load_run(device, config, chains) for name, config in configs.items()}
-            serial = runs["serial"]
-            for name, run in runs.items():
+            configs = {
+                (name, early_rejection): base.model_copy(update=update | {"early_rejection": early_rejection})
+                for name, update in schedules.items() for early_rejection in EARLY_REJECTION
+            }
+            runs = {key: _load_run(device, config, chains) for key, config in configs.items()}
+            serial = runs["serial", False]
+            for (name, early_rejection), run in runs.items():
                 rows.append({
                     "device": device_name, "device_costs": device, "saturation": _saturation(device),
-                    "chains": chains, "schedule": name,
+                    "chains": chains, "schedule": name, "fixed_length": fixed_length,
                     "prefetch_budget": 1 if name == "serial" else budget, "mh_steps": mh_steps, "horizon": horizon,
                     "time": run["time"], "samples_per_kilostep": 1000 * chains / run["time"],
                     "transitions_per_kilostep": 1000 * run["transitions"] / run["time"],
@@ -315,9 +345,12 @@ def run_load_bench(
                     "generated_tokens": run["tokens"], "tokens_per_sample": run["tokens"] / chains,
                     "tokens_vs_serial": run["tokens"] / serial["tokens"], "max_running": run["max_running"],
                     "same_as_serial": run["samples"] == serial["samples"], "clock": "virtual time",
-                } | _techniques(configs[name]))  # fmt: skip
+                } | _techniques(configs[name, early_rejection]))  # fmt: skip
                 r = rows[-1]
-                progress(f"{device_name} chains={chains} {name}: {r['throughput_vs_serial']:.2f}x, tokens {r['tokens_vs_serial']:.2f}")
+                progress(
+                    f"{device_name} fixed={fixed_length} chains={chains} {name} early_rejection={early_rejection}: "
+                    f"{r['throughput_vs_serial']:.2f}x, tokens {r['tokens_vs_serial']:.2f}"
+                )
     if out_json:
         write_json_atomic(rows, out_json)
     return rows
@@ -335,19 +368,24 @@ def plot_load(rows: list[dict], path: str | Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    devices = list(dict.fromkeys(r["device"] for r in rows))
-    fig, axes = plt.subplots(3, len(devices), figsize=(4.5 * len(devices), 10), sharex=True, squeeze=False)
-    for col, device in enumerate(devices):
-        picked = [r for r in rows if r["device"] == device]
-        for schedule, style in (("serial", ":"), ("rounds", "--"), ("streaming", "-")):
-            line = sorted((r for r in picked if r["schedule"] == schedule), key=lambda r: r["chains"])
+    panels = list(dict.fromkeys((r["device"], r["fixed_length"]) for r in rows))
+    fig, axes = plt.subplots(3, len(panels), figsize=(4.5 * len(panels), 10), sharex=True, squeeze=False)
+    for col, (device, fixed_length) in enumerate(panels):
+        picked = [r for r in rows if (r["device"], r["fixed_length"]) == (device, fixed_length)]
+        for (schedule, color), early_rejection in itertools.product(
+            (("serial", "tab:gray"), ("rounds", "tab:orange"), ("streaming", "tab:blue")), EARLY_REJECTION
+        ):
+            line = sorted((r for r in picked if (r["schedule"], r["early_rejection"]) == (schedule, early_rejection)), key=lambda r: r["chains"])
             chains = [r["chains"] for r in line]
-            axes[0][col].plot(chains, [r["samples_per_kilostep"] for r in line], style, marker="o", label=schedule)
-            axes[1][col].plot(chains, [r["throughput_vs_serial"] for r in line], style, marker="o", label=schedule)
-            axes[2][col].plot(chains, [r["tokens_vs_serial"] for r in line], style, marker="o", label=schedule)
+            style = {"color": color, "linestyle": "-" if early_rejection else ":", "marker": "o"}
+            label = f"{schedule}{', early rejection' if early_rejection else ''}"
+            axes[0][col].plot(chains, [r["samples_per_kilostep"] for r in line], label=label, **style)
+            axes[1][col].plot(chains, [r["throughput_vs_serial"] for r in line], label=label, **style)
+            axes[2][col].plot(chains, [r["tokens_vs_serial"] for r in line], label=label, **style)
         n_sat = picked[0]["saturation"]
-        axes[0][col].set(title=f"{device} (n_sat {n_sat}): samples / 1000 time", xscale="log", yscale="log")
-        axes[1][col].set(title="throughput vs serial", xscale="log")
+        length = "fixed length" if fixed_length else "EOS"
+        axes[0][col].set(title=f"{device} (n_sat {n_sat}), {length}: samples / 1000 time", xscale="log", yscale="log")
+        axes[1][col].set(title="throughput vs serial without early rejection", xscale="log")
         axes[2][col].set(title="tokens per sample vs serial", xlabel="chains on one device", xscale="log")
     for ax in axes.flat:
         ax.grid(alpha=0.3)

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.dataset as pads
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
@@ -64,6 +65,8 @@ class DataJobSummary:
     engine: CallAccounting = field(default_factory=CallAccounting)
     resent_requests: int = 0
     streamed_requests: int = 0
+    early_stopped_requests: int = 0  # summed over the rows this run wrote (SampleStats)
+    early_stop_tokens_left: int = 0
     wall_time_s: float = 0.0
     new_files: list[str] = field(default_factory=list)
 
@@ -77,6 +80,7 @@ class DataJobSummary:
             f"errors               {self.errors}",
             f"engine calls         {self.engine.calls} (streamed requests {self.streamed_requests})",
             f"generated tokens     {self.engine.generated_tokens}",
+            f"stopped early        {self.early_stopped_requests} requests, {self.early_stop_tokens_left} tokens left unused",
             f"wall time            {self.wall_time_s:.2f} s ({self.rows_per_s:.1f} rows/s)",
         ] + ([f"resumed              {self.skipped} finished pairs skipped"] if self.skipped else [])
 
@@ -133,15 +137,30 @@ def _data_files(fs: pafs.FileSystem, out: str) -> set[str]:
             and not i.base_name.startswith((".", "_"))}  # fmt: skip
 
 
-def _count(fs: pafs.FileSystem, files: Iterable[str]) -> tuple[int, int]:
-    """(rows, rows with an error) in these files, reading only the error column."""
-    rows = errors = 0
+@dataclass
+class WrittenRows:
+    """What a set of output files holds: rows, error rows, and the early-rejection figures summed."""
+
+    rows: int = 0
+    errors: int = 0
+    early_stopped_requests: int = 0
+    early_stop_tokens_left: int = 0
+
+
+EARLY_STOP_COLUMNS = ("early_stopped_requests", "early_stop_tokens_left")
+
+
+def _count(fs: pafs.FileSystem, files: Iterable[str]) -> WrittenRows:
+    """Rows, error rows and early-stop figures in these files, reading only those columns."""
+    written = WrittenRows()
     for path in files:
         with fs.open_input_file(path) as f:
-            table = pq.read_table(f, columns=[ERROR_COLUMN])
-        rows += table.num_rows
-        errors += table.num_rows - table.column(ERROR_COLUMN).null_count
-    return rows, errors
+            table = pq.read_table(f, columns=[ERROR_COLUMN, *EARLY_STOP_COLUMNS])
+        written.rows += table.num_rows
+        written.errors += table.num_rows - table.column(ERROR_COLUMN).null_count
+        written.early_stopped_requests += pc.sum(table.column("early_stopped_requests")).as_py() or 0
+        written.early_stop_tokens_left += pc.sum(table.column("early_stop_tokens_left")).as_py() or 0
+    return written
 
 
 @contextmanager
@@ -233,9 +252,10 @@ def run_data_job(
         after = _data_files(fs, out_path)
         summary.new_files = sorted(after - before)
         # files a killed run left uncommitted are deleted by this run's write: they do not count
-        summary.skipped = _count(fs, before & after)[0]
-        rows, summary.errors = _count(fs, summary.new_files)
-        summary.samples = rows - summary.errors
+        summary.skipped = _count(fs, before & after).rows
+        written = _count(fs, summary.new_files)
+        summary.errors, summary.samples = written.errors, written.rows - written.errors
+        summary.early_stopped_requests, summary.early_stop_tokens_left = written.early_stopped_requests, written.early_stop_tokens_left
     finally:
         if lock:
             lock.release()

@@ -16,6 +16,12 @@ Two schedules drive the same machine (streaming: docs/streaming.md):
 
     chain.result(wall_time_s)        # once chain.done: the sample and its SampleStats
 
+Exact early rejection (SamplerConfig.early_rejection, docs/samplers.md): a request that only
+nodes in the chain's current state use carries their bounds, so the engine can stop it once its
+first tokens make each step's rejection certain; the walk confirms it with its own bound and
+rejects at once. A stopped completion the walked node cannot use is requested again, without
+bounds, so every schedule always makes progress.
+
 Serial PowerMH is this machine with one step at a time (one request; MultiTryMH: one per try).
 Every random choice is keyed by (seed, step), and the walk looks a completion up by its realized
 (step, prefix), so any traversal, schedule, batch or driver gives the serial chain's trajectory.
@@ -30,7 +36,8 @@ from typing import Callable, Sequence, cast
 from presto_ray.config import SamplerConfig
 from presto_ray.engines.base import Completion, ProposalRequest
 from presto_ray.keys import extension_seed, step_keys, try_seed
-from presto_ray.kernels import EntropyCut, PowerMHKernel, build_kernel
+from presto_ray.early_rejection import RejectionBound
+from presto_ray.kernels import EntropyCut, PowerMHKernel, Transition, build_kernel
 from presto_ray.plan_tree import PlanTree, RequestKey, build_plan_tree
 from presto_ray.predictor import EdgePredictor
 from presto_ray.results import SampleResult, SampleStats
@@ -69,8 +76,9 @@ class EdgeRecord:
     step: int
     cut: int
     horizon: int
-    log_ratio: float
+    log_ratio: float  # early rejection: an upper bound on it (the proposal was stopped)
     accepted: bool
+    stopped_early: bool = False
 
 
 class Chain:
@@ -107,6 +115,10 @@ class Chain:
         self._completed: dict[StreamKey, Completion] = {}
         self._partial: dict[StreamKey, tuple[int, ...]] = {}
         self._tree: PlanTree | None = None  # the streaming plan from the current state and knowledge
+        # early rejection: stopped completions the walked node could not use; asked again without bounds
+        self._unusable: list[StreamKey] = []
+        self._no_bounds: set[RequestKey] = set()
+        self._sent_bounds: dict[StreamKey, tuple[RejectionBound, ...]] = {}  # streaming: what each running request carries
         self._skip_free_events()
 
     # --- planning ------------------------------------------------------------------------
@@ -121,7 +133,7 @@ class Chain:
         requests: list[ProposalRequest] = []
         self._planned = {}
         for key in keys:
-            for i, request in enumerate(self._requests(key)):
+            for i, request in enumerate(self._requests(key, tree)):
                 self._planned[(*key, i)] = len(requests)
                 requests.append(request)
         self.stats.prompt_tokens += sum(len(r.context_token_ids) for r in requests)
@@ -142,6 +154,7 @@ class Chain:
             requests_per_step=self.kernel.num_tries,
             # MultiTryMH: which try an accept keeps is known only when the step is walked
             proposal=self._proposal_knowledge if streaming and self.kernel.num_tries == 1 else None,
+            stopped_early=self._stopped_early if streaming else None,
         )
 
     def _accept_branch_probability(self, cut_fraction: float) -> float:
@@ -183,13 +196,17 @@ class Chain:
             return cut_law.draw_from_entropy(u, self.state.entropy[:length])
         return cut_law.draw_for_length(u, length)
 
-    def _requests(self, key: RequestKey) -> list[ProposalRequest]:
+    def _requests(self, key: RequestKey, tree: PlanTree) -> list[ProposalRequest]:
         event = self.schedule.event(key[0])
         prefix = key[1]
+        bounds: tuple[RejectionBound, ...] = ()
         if event.is_extension:
             seeds = [extension_seed(self.config.seed, event.block)]
         else:
             seeds = [try_seed(self.config.seed, event.step, i) for i in range(self.kernel.num_tries)]
+            if self.config.early_rejection and self._bounded(key, tree):
+                bound = self._rejection_bound(self.state, len(prefix), event)
+                bounds = () if bound is None else (bound,)
         return [
             ProposalRequest(
                 prompt_token_ids=self.prompt,
@@ -199,9 +216,25 @@ class Chain:
                 seed=seed,
                 stop_at_eos=self.eos_token_id is not None,
                 want_entropy=self.kernel.needs_entropy,
+                rejection_bounds=bounds,
             )
             for seed in seeds
         ]
+
+    def _bounded(self, key: RequestKey, tree: PlanTree) -> bool:
+        """Whether `key`'s request carries its root-state node's bound. Also when nodes in other
+        states (unknown at plan time) share the key: a stop costs such a node a second request
+        only if it is reached and its own bound does not reject; measured on the virtual clock,
+        sharing saves 5-10x more tokens and lowers latency (docs/samplers.md). Never again for a
+        key whose stopped completion was unusable (progress)."""
+        return key in tree.root_state_keys and key not in self._no_bounds
+
+    def _rejection_bound(self, state, cut: int, event: Event) -> RejectionBound | None:
+        """The bound of `event`'s step from `state` cut at `cut` (None where none holds). The
+        request and the walk both make it here, so they agree to the bit."""
+        horizon = event.horizon if self.config.fixed_length else None  # |y| is known at fixed length only
+        accept_uniform = step_keys(self.config.seed, event.step).accept_uniform
+        return self.kernel.rejection_bound(state, cut, accept_uniform, candidate_length=horizon)
 
     # --- walking -------------------------------------------------------------------------
     def advance(self, completions: Sequence[Completion]) -> RoundReport:
@@ -216,8 +249,9 @@ class Chain:
         stats.requests += len(completions)
         stats.generated_tokens += sum(len(c.token_ids) for c in completions)
         stats.cached_prompt_tokens += sum(c.cached_prompt_tokens for c in completions)
+        self._count_stopped(completions, [self.schedule.event(key[0]).horizon - len(key[1]) for key in planned])
         report, used = self._walk(lambda key: completions[planned[key]] if key in planned else None)
-        if report.events_completed == 0:
+        if not self._forget_unusable() and report.events_completed == 0:
             raise RuntimeError("a round completed no event: the root request was missing")
         stats.requests_used += len(used)
         return report
@@ -243,9 +277,10 @@ class Chain:
         starts = []
         for key in keys:
             priority = 0.0 if key == tree.root.key else 1.0 - reach[key]
-            for i, request in enumerate(self._requests(key)):
+            for i, request in enumerate(self._requests(key, tree)):
                 starts.append(StartRequest((*key, i), request, priority))
                 self._running[(*key, i)] = None
+                self._sent_bounds[(*key, i)] = request.rejection_bounds
         self.stats.stream_batches += 1
         self.stats.requests += len(starts)
         self.stats.forked_requests += sum(key in tree.forks for key in keys)
@@ -259,12 +294,17 @@ class Chain:
             raise KeyError(f"{key[:1]} is not a running request of this chain")
         del self._running[key]
         self._partial.pop(key, None)
+        self._sent_bounds.pop(key, None)
         self._completed[key] = completion
         self.stats.generated_tokens += len(completion.token_ids)
         self.stats.cached_prompt_tokens += completion.cached_prompt_tokens
+        self._count_stopped([completion], [self.schedule.event(key[0]).horizon - len(key[1])])
         report, used = self._walk(self._completed.get)
         for used_key in used:
             del self._completed[used_key]
+        for unusable in self._unusable:
+            self._completed.pop(unusable, None)  # asked again by the next start_requests
+        self._forget_unusable()
         self.stats.requests_used += len(used)
         self._tree = None
         return report
@@ -289,10 +329,32 @@ class Chain:
         for key in useless:
             del self._running[key]
             self._partial.pop(key, None)
+            self._sent_bounds.pop(key, None)
         for key in [key for key in self._completed if key[:2] not in needed]:
             del self._completed[key]
         self.stats.aborted_requests += len(useless)
         return useless
+
+    def bound_updates(self) -> list[tuple[StreamKey, tuple[RejectionBound, ...]]]:
+        """Running requests whose bounds the walk changed: the new set for each (the bounds of
+        the nodes in the current state that use it; empty: run to the end). A request started
+        below an unfinished accept edge carries none; once the walk accepts that edge, its node
+        is in the chain's state and its bound is known, so the engine may stop it early."""
+        if self.done:
+            return []
+        tree = self._streaming_tree()
+        updates = []
+        for key, sent in self._sent_bounds.items():
+            event = self.schedule.event(key[0])
+            wanted: tuple[RejectionBound, ...] = ()
+            if not event.is_extension and self.config.early_rejection and self._bounded(key[:2], tree):
+                bound = self._rejection_bound(self.state, len(key[1]), event)
+                wanted = () if bound is None else (bound,)
+            if wanted != sent:
+                updates.append((key, wanted))
+        for key, bounds in updates:
+            self._sent_bounds[key] = bounds
+        return updates
 
     @property
     def running_requests(self) -> int:
@@ -302,6 +364,23 @@ class Chain:
         """`key` was started and has neither completed nor been dropped as useless."""
         return key in self._running
 
+    def _stopped_early(self, key: RequestKey) -> bool:
+        completion = self._completed.get((*key, 0))
+        return completion is not None and completion.stopped_early
+
+    def _count_stopped(self, completions: Sequence[Completion], max_new_tokens: Sequence[int]) -> None:
+        for completion, room in zip(completions, max_new_tokens):
+            if completion.stopped_early:
+                self.stats.early_stopped_requests += 1
+                self.stats.early_stop_tokens_left += room - len(completion.token_ids)
+
+    def _forget_unusable(self) -> bool:
+        """Ask the unusable stopped requests again without bounds; whether there were any."""
+        unusable, self._unusable = self._unusable, []
+        self._no_bounds.update(key[:2] for key in unusable)
+        self.stats.early_stop_rerequests += len(unusable)
+        return bool(unusable)
+
     def _streaming_tree(self) -> PlanTree:
         if self._tree is None:
             self._tree = self._plan_tree(streaming=True)
@@ -310,7 +389,9 @@ class Chain:
     def _proposal_knowledge(self, key: RequestKey) -> tuple[tuple[int, ...], bool] | None:
         stream_key = (*key, 0)
         if stream_key in self._completed:
-            return self._completed[stream_key].token_ids, True
+            completion = self._completed[stream_key]
+            # a stopped proposal's tokens are the full one's first tokens; its end is unknown
+            return completion.token_ids, not completion.stopped_early
         if stream_key in self._running:
             return self._partial.get(stream_key, ()), False
         return None
@@ -349,7 +430,13 @@ class Chain:
         completions = [lookup(key) for key in request_keys]
         if None in completions:
             return None
-        transition = self.kernel.transition(state, cut, completions, keys)
+        if completions[0].stopped_early:  # one try only: MultiTryMH carries no bounds
+            transition = self._early_rejection(state, cut, event, completions[0])
+            if transition is None:
+                self._unusable.append(request_keys[0])
+                return None
+        else:
+            transition = self.kernel.transition(state, cut, completions, keys)
         self.state = transition.state
         accept_probability = math.exp(min(0.0, transition.log_ratio))
         eps = self.config.certainty_eps
@@ -359,9 +446,22 @@ class Chain:
         report.transitions += 1
         report.accepted += transition.accepted
         self.predictor.observe(cut / event.horizon, accept_probability)
+        stopped = completions[0].stopped_early
         if self.edges is not None:
-            self.edges.append(EdgeRecord(event.step, cut, event.horizon, transition.log_ratio, transition.accepted))
+            self.edges.append(EdgeRecord(event.step, cut, event.horizon, transition.log_ratio, transition.accepted, stopped))
+        self.stats.early_rejected_steps += stopped
         return request_keys
+
+    def _early_rejection(self, state, cut: int, event: Event, completion: Completion) -> Transition | None:
+        """The step rejected from a stopped proposal's first tokens, when this node's own bound
+        makes it certain; None when it does not (a request stopped for other nodes' bounds)."""
+        bound = self._rejection_bound(state, cut, event)
+        if bound is None:
+            return None
+        log_ratio_bound = bound.prefix_log_ratio_bound(completion.logp0, completion.logq, completion.entropy)
+        if bound.log_accept_uniform < log_ratio_bound:
+            return None
+        return Transition(state, log_ratio_bound, False)
 
     def _finish_event(self, event: Event) -> None:
         self.event_index += 1

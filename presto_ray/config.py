@@ -105,7 +105,6 @@ class SamplerConfig(BaseModel):
         "transitions to be issued (0 spends the whole budget).",
     )
 
-    # read by the schedules once they stop proposals early (PowerMHKernel.rejection_bound); not wired yet
     early_rejection: bool = Field(
         True,
         description="Stop a proposal once its rejection is certain (its keyed acceptance uniform is already above "

@@ -201,3 +201,36 @@ class RunningBound:
 
     def log_ratio_bound(self) -> float:
         return self.bound.log_ratio_bound(self.proposal_weight, self.generated, self.first_jump, self.jump_total)
+
+
+# --- a request's stop rule: what an engine runs next to the tokens -----------------------------
+class RequestStop:
+    """Every bound a request carries, followed token by token (ProposalRequest.rejection_bounds:
+    one per plan node that would use the request). `push` says when every one of them rejects:
+    then no node can use the rest of the proposal and the engine may stop the request there.
+
+    A request without bounds never stops. The chain checks a stopped completion again with the
+    bound of the node that walks it (`RejectionBound.rejects_prefix`), so an engine that stops
+    late, or never, changes only what is spent.
+    """
+
+    def __init__(self, bounds: Sequence[RejectionBound]) -> None:
+        self._running = [bound.start() for bound in bounds]
+        self.stopped = False
+
+    def push(self, logp0: float, logq: float, entropy: float | None = None) -> bool:
+        """One more generated token; True once every bound rejects (and from then on)."""
+        if not self._running or self.stopped:
+            return self.stopped
+        # a rejected bound stays rejected: only the others need the token
+        self.stopped = all([running.push(logp0, logq, entropy) for running in self._running if not running.rejected])
+        if not self.stopped:
+            self._running = [running for running in self._running if not running.rejected]
+        return self.stopped
+
+    def stop_length(self, logp0: np.ndarray, logq: np.ndarray, entropy: np.ndarray | None = None) -> int | None:
+        """The token count after which every bound rejects, for tokens given as arrays (None: never)."""
+        for i in range(len(logp0)):
+            if self.push(logp0[i], logq[i], None if entropy is None else entropy[i]):
+                return i + 1
+        return None

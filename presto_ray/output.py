@@ -59,6 +59,8 @@ COLUMNS: tuple[Column, ...] = (
     _stat("accepted"),
     _stat("requests"),
     _stat("generated_tokens"),
+    _stat("early_stopped_requests"),
+    _stat("early_stop_tokens_left"),
     _stat("prompt_tokens"),
     _stat("cached_prompt_tokens"),
     _stat("wall_time_s", pa.float64()),

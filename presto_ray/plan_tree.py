@@ -14,6 +14,11 @@ below an accepted proposal is unknown until the proposal exists; the planner gue
 proposal ends where the state it replaces ended. A wrong guess only wastes a request: the walk
 looks requests up by the realized (step, prefix) and stops at the first miss, so the law is
 never affected.
+
+Exact early rejection (docs/samplers.md): the tree names the keys that nodes in the root's own
+state use (the root and every node below reject edges only), the nodes whose bound the chain
+knows at plan time; and a node in the root's state whose request was stopped early has no accept
+branch (its rejection is certain).
 """
 
 from __future__ import annotations
@@ -28,6 +33,8 @@ RequestKey = tuple[int, tuple[int, ...]]  # (event index, prefix tokens)
 
 # What is known of a request's proposal: (its tokens so far, whether it has ended); None: nothing.
 ProposalKnowledge = Callable[[RequestKey], "tuple[tuple[int, ...], bool] | None"]
+# Whether a request's proposal was stopped by early rejection (its root-state nodes reject).
+StoppedEarly = Callable[[RequestKey], bool]
 
 # Deeper than this a round never plans: reach probabilities are negligible long before.
 MAX_PLAN_DEPTH = 256
@@ -48,6 +55,7 @@ class PlanTree:
     keys: set[RequestKey]  # every key some node of the tree needs
     fork_points: dict[RequestKey, int]  # unfinished proposal -> its token count that unlocks a deferred step
     forks: set[RequestKey]  # keys whose prefix holds tokens of a proposal still being generated
+    root_state_keys: set[RequestKey]  # keys nodes in the root's state need (their bound is known at plan time)
 
 
 def build_plan_tree(
@@ -63,6 +71,7 @@ def build_plan_tree(
     max_keyed_depth: int,
     requests_per_step: int = 1,
     proposal: ProposalKnowledge | None = None,
+    stopped_early: StoppedEarly | None = None,
 ) -> PlanTree:
     """The DAG of future events from the realized state `tokens` at event `event_index`.
 
@@ -87,8 +96,9 @@ def build_plan_tree(
         return _Facts(known, guessed_length, False, source=key, source_start=cut)
 
     root = PlanNode(depth=0)
-    tree = PlanTree(root, set(), {}, set())
-    level: dict[_Facts, PlanNode] = {_Facts(tuple(tokens), len(tokens), True): root}
+    tree = PlanTree(root, set(), {}, set(), set())
+    root_facts = _Facts(tuple(tokens), len(tokens), True)
+    level: dict[_Facts, PlanNode] = {root_facts: root}
     keyed_depths = 0
     max_depth = min(MAX_PLAN_DEPTH, schedule.num_events - event_index)
     for depth in range(max_depth):
@@ -119,11 +129,16 @@ def build_plan_tree(
                 node.cost = requests_per_step
                 if facts.source is not None and cut > facts.source_start:
                     tree.forks.add(key)
-                h_accept = accept_branch_probability(cut / event.horizon)
-                # guess: an unfinished proposal ends where the state it replaces ended
-                branches = [(accepted(facts, key, cut, facts.length), h_accept), (facts, 1.0 - h_accept)]
+                if facts == root_facts and stopped_early is not None and stopped_early(key):
+                    branches = [(facts, 1.0)]  # rejection is certain: no accept branch
+                else:
+                    h_accept = accept_branch_probability(cut / event.horizon)
+                    # guess: an unfinished proposal ends where the state it replaces ended
+                    branches = [(accepted(facts, key, cut, facts.length), h_accept), (facts, 1.0 - h_accept)]
             if key is not None:
                 tree.keys.add(key)
+                if facts == root_facts:
+                    tree.root_state_keys.add(key)
             any_keyed |= key is not None
             if depth + 1 >= max_depth:
                 continue

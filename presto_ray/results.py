@@ -23,6 +23,10 @@ class SampleStats:
     aborted_requests: int = 0  # streaming: running requests the walk made useless (aborted)
     forked_requests: int = 0  # streaming: requests started from a proposal still being generated
     generated_tokens: int = 0  # tokens generated across all issued requests
+    early_stopped_requests: int = 0  # early rejection: requests the engine stopped once rejection was certain
+    early_stop_tokens_left: int = 0  # their unused max_new_tokens: the tokens not generated at fixed length, at most that with EOS
+    early_rejected_steps: int = 0  # MH steps rejected from a stopped proposal's first tokens
+    early_stop_rerequests: int = 0  # stopped requests the walked node could not use, asked again without bounds
     certain_edges: int = 0  # MH edges with A <= eps or A >= 1 - eps
     prompt_tokens: int = 0  # prompt + prefix tokens of every issued request
     cached_prompt_tokens: int = 0  # of which the engine read from its prefix cache

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Iterable, Protocol
 
 from presto_ray.chain import Chain, StartRequest, StreamKey
+from presto_ray.early_rejection import RejectionBound
 from presto_ray.engines.base import Completion
 
 
@@ -54,6 +55,7 @@ class StreamActions:
     wakes: tuple[tuple[StreamKey, int], ...]  # (running request, token count that unlocks a fork)
     done: bool
     transitions: int
+    bounds: tuple[tuple[StreamKey, tuple[RejectionBound, ...]], ...] = ()  # running request -> its new rejection bounds
 
 
 class StreamRequestError(RuntimeError):
@@ -96,4 +98,5 @@ class ChainStream:
             if needed not in asked:
                 asked.add(needed)
                 wakes.append((key, needed))
-        return StreamActions(aborts, starts, tuple(wakes), False, transitions)
+        bounds = tuple(chain.bound_updates())
+        return StreamActions(aborts, starts, tuple(wakes), False, transitions, bounds)

@@ -41,6 +41,8 @@ def run_streaming(
             handles[(i, start.key)], owners[handle] = handle, (i, start.key)
         for key, needed in actions.wakes:
             engine.wake_at(handles[(i, key)], needed)
+        for key, bounds in actions.bounds:
+            engine.set_rejection_bounds(handles[(i, key)], bounds)
 
     def step(i: int, events: Sequence[StreamEvent] = ()) -> None:
         budget = streaming_budget(chains[i].config.prefetch_budget, active, engine.free_batch)

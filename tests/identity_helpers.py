@@ -1,6 +1,7 @@
 """Shared by the identity tests: hypothesis strategies for random sampler configs and toy engines,
 and a chain run that records its edges."""
 
+import numpy as np
 from hypothesis import strategies as st
 
 from presto_ray.chain import Chain
@@ -28,6 +29,7 @@ CONFIG_FIELDS = {
     "speculation_gain": st.sampled_from([0.0, 3.2, 8.0]),
     "sampler": st.sampled_from(["power_mh", "entropy_cut", "multi_try"]),
     "num_tries": st.integers(2, 4),
+    "early_rejection": st.booleans(),
 }
 configs = st.fixed_dictionaries(CONFIG_FIELDS)
 
@@ -40,3 +42,19 @@ engines = st.fixed_dictionaries(
         "eos_bias": st.sampled_from([-2.0, 0.0, 1.0]),
     }
 )
+
+
+def assert_same_walk(chain, reference) -> None:
+    """`chain` walked `reference`'s trajectory step for step: the same state, the same cuts and
+    decisions, the same ratios; where either stopped a proposal by early rejection, its recorded
+    ratio is an upper bound on the other's exact one, and both rejected."""
+    assert chain.state.tokens == reference.state.tokens
+    np.testing.assert_array_equal(chain.state.logp0, reference.state.logp0)
+    assert len(chain.edges) == len(reference.edges)
+    for edge, other in zip(chain.edges, reference.edges):
+        assert (edge.step, edge.cut, edge.horizon, edge.accepted) == (other.step, other.cut, other.horizon, other.accepted)
+        if edge.stopped_early == other.stopped_early:
+            assert edge.log_ratio == other.log_ratio or edge.stopped_early, (edge, other)
+        else:
+            stopped, exact = (edge, other) if edge.stopped_early else (other, edge)
+            assert not stopped.accepted and stopped.log_ratio >= exact.log_ratio, (edge, other)

@@ -4,10 +4,13 @@ replayed chains. Each test asserts the exact commands an event produced."""
 
 from __future__ import annotations
 
-from actors.coordinator_commands import AbortStreams, PollReplica, ReplicaLost, StartStreams, WakeChains, WakeStreams
+from dataclasses import replace
+
+from actors.coordinator_commands import AbortStreams, BoundStreams, PollReplica, ReplicaLost, StartStreams, WakeChains, WakeStreams
 from actors.coordinator_core import CoordinatorCore
 from actors.stream_protocol import ChainActions, ChainEvent, ChainUpdate, ReplicaEvent, ReplicaEvents, ReplicaStart
 from presto_ray.chain import StartRequest
+from presto_ray.early_rejection import RejectionBound
 from presto_ray.engines.base import CallAccounting, ProposalRequest
 from presto_ray.ray_config import RayConfig
 
@@ -120,3 +123,21 @@ def test_a_replayed_chain_drops_what_the_old_one_left():
     assert c.streams.take_update("a", old) == ChainUpdate((), 0), "the old exchange returns empty"
     assert c.streams.take_update("a", new) is None, "the new one waits for its own events"
     assert c.chains.expire_silent(100.0, c.streams.has_mailbox) == 0, "an open stream is never expired"
+
+
+BOUND = RejectionBound(alpha=4.0, log_accept_uniform=-0.5, cut=0, current_weight=-3.0, current_cut_log_prob=-2.0)
+
+
+def test_new_bounds_reach_a_streams_replica_only_from_its_sole_subscriber_and_survive_a_resend():
+    c = core(replicas=2, attempts=3)
+    for chain in ("a", "b"):
+        c.stream_open(chain, 4, now=0.0)
+    first = c.table.ranking(REQUEST)[0]
+    c.streams.exchange("a", ChainActions(start=(start("ka"),)))
+    bounded = c.streams.exchange("a", ChainActions(bounds=(("ka", (BOUND,)),)))
+    assert bounded.commands == [BoundStreams(first, ((("e", 0), (BOUND,)),))]
+    resent = c.streams.replica_lost(first)  # the stream starts again elsewhere with its new bounds
+    assert StartStreams(1 - first, (ReplicaStart(("e", 0), replace(REQUEST, rejection_bounds=(BOUND,)), 0.0),)) in resent
+    c.streams.exchange("b", ChainActions(start=(start("kb"),)))  # b joins the same stream
+    assert c.streams.exchange("b", ChainActions(bounds=(("kb", ()),))).commands == [], "shared: it keeps its bounds"
+    assert c.streams.exchange("a", ChainActions(bounds=(("unknown", ()),))).commands == []

@@ -8,7 +8,7 @@ from presto_ray import SamplerConfig
 from presto_ray.chain import Chain
 from presto_ray.engines.toy import ToyEngine
 from presto_ray.stream_step import ChainStream, StreamEvent, StreamRequestError
-from identity_helpers import run_recorded
+from identity_helpers import assert_same_walk, run_recorded
 
 TOY = dict(vocab_size=64, logit_scale=4.0, eos_bias=-3.0, seed=1)
 
@@ -56,7 +56,7 @@ def test_batched_events_walk_the_serial_chain(fixed_length, sampler):
     engine = toy.streaming()
     _run_batched(engine, chain)
     serial = run_recorded(toy, [5, 6, 7], config.model_copy(update={"traversal": "serial", "schedule": "rounds"}))
-    assert chain.edges == serial.edges and chain.state.tokens == serial.state.tokens
+    assert_same_walk(chain, serial)
     assert chain.running_requests == 0 and not engine.busy
     if sampler == "power_mh":
         assert chain.stats.forked_requests > 0 and chain.stats.aborted_requests > 0  # the step forks and aborts here

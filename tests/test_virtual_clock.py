@@ -88,12 +88,14 @@ def test_latency_bench_sets_streaming_beside_rounds_and_serial(tmp_path):
 
     rows = run_latency_bench(mh_steps=4, settings=((4, None), (4, 0.0)), chains=2, out_json=tmp_path / "l.json", progress=lambda _: None)
     assert json.loads((tmp_path / "l.json").read_text()) == rows
-    assert [(r["fixed_length"], r["prefetch_budget"], r["speculation_gain"]) for r in rows] == [
-        (True, 4, 3.2), (True, 4, 0.0), (False, 4, 3.2), (False, 4, 0.0)
+    assert [(r["fixed_length"], r["prefetch_budget"], r["speculation_gain"], r["early_rejection"]) for r in rows] == [
+        (fixed, 4, gain, early) for fixed in (True, False) for gain in (3.2, 0.0) for early in (False, True)
     ]  # fmt: skip
     for row in rows:
         assert row["same_as_serial"] and row["latency_vs_plain"] == row["decode_steps"] / row["horizon"]
         assert row["latency_vs_plain"] < row["serial_latency_vs_plain"]
+    off, on = ({(r["fixed_length"], r["speculation_gain"]): r for r in rows if r["early_rejection"] == e} for e in (False, True))
+    assert all(on[k]["serial_latency_vs_plain"] < off[k]["serial_latency_vs_plain"] for k in on)  # it stops proposals here
     assert "rounds x plain" in format_latency_report(rows)
 
 
@@ -174,13 +176,15 @@ def test_load_bench_rows_carry_saturation_and_the_serial_samples(tmp_path):
     devices = {"free": {}, "sat": {"saturation": 3}}
     rows = run_load_bench(
         devices=devices, chain_counts={"free": (2,), "sat": (1, 6)}, budget=4, mh_steps=3, horizon=12,
-        out_json=tmp_path / "load.json", progress=lambda _: None,
+        lengths=(False,), out_json=tmp_path / "load.json", progress=lambda _: None,
     )  # fmt: skip
     assert json.loads((tmp_path / "load.json").read_text()) == rows
-    assert [(r["device"], r["chains"], r["schedule"]) for r in rows][:3] == [
-        ("free", 2, "serial"), ("free", 2, "rounds"), ("free", 2, "streaming")
+    assert [(r["device"], r["chains"], r["schedule"], r["early_rejection"]) for r in rows][:6] == [
+        ("free", 2, schedule, early) for schedule in ("serial", "rounds", "streaming") for early in (False, True)
     ]  # fmt: skip
-    assert len(rows) == 9 and all(r["same_as_serial"] for r in rows)
+    assert len(rows) == 18 and all(r["same_as_serial"] and not r["fixed_length"] for r in rows)
+    serial_off = [r for r in rows if (r["schedule"], r["early_rejection"]) == ("serial", False)]
+    assert all(r["throughput_vs_serial"] == 1.0 and r["tokens_vs_serial"] == 1.0 for r in serial_off)
     assert {r["device"]: r["saturation"] for r in rows} == {"free": "none", "sat": 3}
     keys = {"samples_per_kilostep", "tokens_per_sample", "tokens_vs_serial", "throughput_vs_serial"}
     assert all(keys <= r.keys() for r in rows)

@@ -9,7 +9,10 @@ from typing import Literal, Mapping, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
-FinishReason = Literal["stop", "length"]
+from presto_ray.early_rejection import RejectionBound
+
+# "rejected": stopped by exact early rejection, every bound the request carries rejects its tokens
+FinishReason = Literal["stop", "length", "rejected"]
 
 
 @dataclass(frozen=True)
@@ -21,6 +24,11 @@ class ProposalRequest:
 
     The completion must be a deterministic function of (seed, prompt, prefix, max_new_tokens,
     temperature, stop_at_eos): that is what lets one request serve every tree node that needs it.
+
+    `rejection_bounds` (exact early rejection, docs/samplers.md): one bound per plan node that
+    would use this request. An engine may stop the request once every bound rejects its tokens so
+    far (`early_rejection.RequestStop`), ending it with finish reason "rejected"; a stopped
+    completion is a prefix of the full one. An engine that ignores them stays correct.
     """
 
     prompt_token_ids: tuple[int, ...]
@@ -30,6 +38,7 @@ class ProposalRequest:
     seed: int
     stop_at_eos: bool = True
     want_entropy: bool = False  # also return the entropy of p0 at each generated position
+    rejection_bounds: tuple[RejectionBound, ...] = ()
 
     @property
     def context_token_ids(self) -> tuple[int, ...]:
@@ -50,6 +59,18 @@ class Completion:
     def __post_init__(self) -> None:
         if not (len(self.token_ids) == len(self.logp0) == len(self.logq)):
             raise ValueError("token_ids, logp0 and logq must have the same length")
+
+    @property
+    def stopped_early(self) -> bool:
+        """Stopped by early rejection: the proposal's first tokens only, enough to reject."""
+        return self.finish_reason == "rejected"
+
+    def truncated(self, length: int) -> Completion:
+        """The first `length` tokens, stopped by early rejection."""
+        entropy = None if self.entropy is None else self.entropy[:length]
+        return Completion(
+            self.token_ids[:length], self.logp0[:length], self.logq[:length], "rejected", self.cached_prompt_tokens, entropy
+        )
 
 
 @dataclass
@@ -146,6 +167,12 @@ class StreamingEngine(Protocol):
 
     def abort(self, handle: int) -> None:
         """Stop `handle` and free its slot; no event follows. Unknown or ended handles are ignored."""
+        ...
+
+    def set_rejection_bounds(self, handle: int, bounds: Sequence[RejectionBound]) -> None:
+        """Replace `handle`'s early-rejection bounds (ProposalRequest.rejection_bounds): it ends as
+        "rejected" once all of these reject its tokens, at once (an event) if they reject the tokens
+        it has; empty bounds: it runs to its end. Unknown or ended handles are ignored."""
         ...
 
     def advance(self) -> Sequence[EngineEvent]:

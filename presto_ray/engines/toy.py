@@ -18,6 +18,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from presto_ray.engines.base import CallAccounting, Completion, EngineOutput, FinishReason, ProposalRequest
+from presto_ray.early_rejection import RequestStop
 from presto_ray.engines.virtual_clock import VirtualClockEngine
 
 _HASH_MULT = 1_000_003
@@ -124,6 +125,7 @@ class ToyEngine:
         finish: FinishReason = "length"
         greedy = request.temperature == 0.0  # argmax decoding: q puts all its mass on one token
         inv_tau = 0.0 if greedy else 1.0 / request.temperature
+        stop = RequestStop(request.rejection_bounds)
         for _ in range(request.max_new_tokens):
             z = self._logits(h, last)
             zq = z * inv_tau
@@ -136,6 +138,9 @@ class ToyEngine:
             h, last = self._push(h, token), token
             if request.stop_at_eos and token == self.eos_token_id:
                 finish = "stop"
+                break
+            if stop.push(logp0[-1], logq[-1], entropy[-1]) and len(tokens) < request.max_new_tokens:
+                finish = "rejected"  # every node that would use the rest rejects it already
                 break
         return Completion(tuple(tokens), np.array(logp0), np.array(logq), finish, entropy=np.array(entropy))
 

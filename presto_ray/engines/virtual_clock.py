@@ -26,9 +26,10 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Sequence
 
+from presto_ray.early_rejection import RejectionBound, RequestStop
 from presto_ray.engines.base import CallAccounting, Completion, Engine, EngineEvent, EngineOutput, ProposalRequest, Tokenizer
 from presto_ray.speculation import free_batch
 
@@ -37,8 +38,9 @@ from presto_ray.speculation import free_batch
 class _Sequence:
     handle: int
     request: ProposalRequest
-    completion: Completion
+    completion: Completion  # what the request reveals: `full`, or its first tokens when its bounds stop it
     priority: float
+    full: Completion
     generated: int = 0
     wakes: set[int] = field(default_factory=set)  # token counts someone waits for (forks)
 
@@ -54,6 +56,7 @@ class ClockStats:
     generated_tokens: int = 0  # tokens decoded, aborted requests' included
     aborted_requests: int = 0
     wasted_tokens: int = 0  # tokens decoded by requests aborted before they ended
+    early_stopped_requests: int = 0  # ended by early rejection (their slot freed at once)
     max_running: int = 0
     max_live: int = 0  # most requests running or waiting at once
 
@@ -100,12 +103,14 @@ class VirtualClockEngine:
 
     # --- streaming -------------------------------------------------------------------------
     def submit(self, request: ProposalRequest, priority: float = 0.0) -> int:
-        output = self.model.generate([request])
-        completion = output.completions[0]
+        # the whole proposal, so that bounds set later can stop it anywhere (a prefix of it)
+        output = self.model.generate([replace(request, rejection_bounds=())])
+        full = output.completions[0]
         self._submitted.num_requests += 1
         self._submitted.prompt_tokens += output.accounting.prompt_tokens
         self._submitted.cached_prompt_tokens += output.accounting.cached_prompt_tokens
-        seq = _Sequence(next(self._handles), request, completion, priority)
+        seq = _Sequence(next(self._handles), request, _stopped(full, request.rejection_bounds, 0), priority, full)
+        completion = seq.completion
         if seq.remaining == 0:
             self._finished.append(EngineEvent(seq.handle, 0, completion))
         elif self.max_running is None or len(self._running) < self.max_running:
@@ -138,6 +143,21 @@ class VirtualClockEngine:
         self.clock.aborted_requests += 1
         self.clock.wasted_tokens += seq.generated
         self._admit()
+
+    def set_rejection_bounds(self, handle: int, bounds: Sequence[RejectionBound]) -> None:
+        """Replace the bounds of a live request: it now stops once these reject its tokens, at once
+        if they reject what it has generated already (unknown or ended handles are ignored)."""
+        seq = self._find(handle)
+        if seq is None:
+            return
+        seq.completion = _stopped(seq.full, bounds, seq.generated)
+        if seq.remaining == 0:  # stopped by what it has generated: it ends now
+            if self._running.pop(handle, None) is None:
+                self._waiting = [entry for entry in self._waiting if entry[2].handle != handle]
+                heapq.heapify(self._waiting)
+            self.clock.early_stopped_requests += 1
+            self._finished.append(EngineEvent(handle, seq.generated, seq.completion))
+            self._admit()
 
     def step_time(self, running: int) -> float:
         """Virtual time of one decode step with `running` sequences (see the module doc)."""
@@ -177,6 +197,7 @@ class VirtualClockEngine:
             seq.generated += steps
             if seq.remaining == 0:
                 del self._running[seq.handle]
+                self.clock.early_stopped_requests += seq.completion.stopped_early
                 events.append(EngineEvent(seq.handle, seq.generated, seq.completion))
             elif seq.generated in seq.wakes:
                 seq.wakes = {w for w in seq.wakes if w > seq.generated}
@@ -238,3 +259,13 @@ class VirtualClockEngine:
         while self._waiting and (self.max_running is None or len(self._running) < self.max_running):
             _, _, seq = heapq.heappop(self._waiting)
             self._running[seq.handle] = seq
+
+
+def _stopped(full: Completion, bounds: Sequence[RejectionBound], generated: int) -> Completion:
+    """What a request with `bounds` reveals: `full`, or its first tokens up to where every bound
+    rejects, but never fewer than the `generated` tokens already revealed (a rejection certain
+    after m tokens stays certain after more)."""
+    length = RequestStop(bounds).stop_length(full.logp0, full.logq, full.entropy)
+    if length is None or max(length, generated) >= len(full.token_ids):
+        return full
+    return full.truncated(max(length, generated))

@@ -20,6 +20,13 @@ off). Log p0 comes from one of two places (`VLLMEngineConfig.logp0_from`):
 Seeds. Every request carries its own seed (the chain's step key), so a proposal is a function of
 (seed, prompt + prefix) and never depends on which other requests share the batch.
 
+Exact early rejection. `TokenReader` collects one request's tokens from its outputs (DELTA outputs
+or the one FINAL output) and runs the request's stop rule (`early_rejection.RequestStop`) on each
+token as it arrives, with the very float64 columns the Completion will hold; once every bound the
+request carries rejects, it keeps the tokens up to the firing one and says so (`stopped`), and the
+runtime aborts the vLLM request (`VLLMRuntime.sample`). With a scoring pass, log p0 exists only
+after the proposal ends: the bounds are ignored and the request runs to its natural end.
+
 vLLM is imported only to build `SamplingParams` (`vllm_sampling_params`, the default factory):
 everything else reads vLLM's outputs by attribute, so it is tested without vLLM.
 """
@@ -30,6 +37,7 @@ from typing import Any, Callable, Literal, Mapping, Sequence
 
 import numpy as np
 
+from presto_ray.early_rejection import RejectionBound, RequestStop
 from presto_ray.engines.base import Completion, FinishReason, ProposalRequest
 from presto_ray.engines.vllm.sampler_columns import ENTROPY_COLUMN, LOGP0_COLUMN, LOGQ_COLUMN, SAMPLER_COLUMNS, sampler_columns
 
@@ -136,12 +144,19 @@ class VLLMCodec:
         return sampler_columns(logprobs, tokens)
 
     def completion(
-        self, request: ProposalRequest, tokens: tuple[int, ...], columns: np.ndarray, score: RequestOutput | None, cached: int
+        self,
+        request: ProposalRequest,
+        tokens: tuple[int, ...],
+        columns: np.ndarray,
+        score: RequestOutput | None,
+        cached: int,
+        stopped: bool = False,
     ) -> Completion:
         """A proposal's Completion from its sampled tokens, their log-probability columns
-        (`token_columns`) and, with a scoring pass, its output."""
+        (`token_columns`) and, with a scoring pass, its output; `stopped`: ended by early
+        rejection (finish reason "rejected")."""
         ended = bool(tokens) and request.stop_at_eos and tokens[-1] == self.eos_token_id
-        finish: FinishReason = "stop" if ended else "length"
+        finish: FinishReason = "rejected" if stopped else "stop" if ended else "length"
         logq = columns[:, LOGQ_COLUMN].copy()
         if score is None:
             entropy = columns[:, ENTROPY_COLUMN].copy() if request.want_entropy else None
@@ -153,10 +168,107 @@ class VLLMCodec:
         return Completion(tokens, logp0, logq, finish, cached, entropy)
 
     def final_completion(self, request: ProposalRequest, output: RequestOutput, score: RequestOutput | None) -> Completion:
-        """The Completion of a request's FINAL output (the batch path)."""
+        """The Completion of a request's FINAL output (its bounds, if any, applied to its tokens)."""
+        reader = TokenReader(self, request)
+        reader.read(output)
+        return reader.completion(score)
+
+
+class TokenReader:
+    """One request's sampled tokens and their columns, read from its vLLM outputs as they come
+    (each DELTA output, or the one FINAL output), with exact early rejection's stop rule next to
+    the tokens.
+
+    Each new token's (log p0, log q_tau, entropy) is pushed into the request's `RequestStop`, read
+    from the same float64 columns `completion` puts into the Completion, in the toy engine's
+    order: a token that ends the request naturally (EOS where it stops, or the max_new_tokens-th)
+    never stops it early. Once every bound rejects, the tokens up to and including the firing one
+    are kept, the rest of that output is dropped and `stopped` is set: the caller aborts the vLLM
+    request (`VLLMRuntime.sample` does). `decoded` counts every token vLLM sent, dropped ones
+    included (what the request cost).
+
+    With a scoring pass (`codec.scores_separately`) log p0 is known only after the proposal ends,
+    so the request's bounds are ignored: it never stops early.
+    """
+
+    def __init__(self, codec: VLLMCodec, request: ProposalRequest) -> None:
+        self.codec = codec
+        self.request = request
+        self.tokens: list[int] = []
+        self._columns: list[np.ndarray] = []
+        self.decoded = 0
+        self.cached = 0
+        self.stopped = False
+        self._use_bounds(request.rejection_bounds)
+
+    def _use_bounds(self, bounds: Sequence[RejectionBound]) -> None:
+        bounds = () if self.codec.scores_separately else tuple(bounds)
+        self.can_stop = bool(bounds)  # worth streaming: the batch path reads FINAL outputs otherwise
+        self._stop = RequestStop(bounds)
+
+    @property
+    def output_kind(self) -> OutputKind:
+        """DELTA outputs where the request may stop early, else the FINAL one alone."""
+        return "delta" if self.can_stop else "final"
+
+    def read(self, output: RequestOutput) -> None:
+        """Take one output's new tokens (a DELTA's, or a FINAL output's all of them)."""
+        self.cached = cached_tokens(output) or self.cached
         sample = output.outputs[0]
-        tokens = tuple(int(t) for t in sample.token_ids)
-        return self.completion(request, tokens, self.token_columns(sample.logprobs, tokens), score, cached_tokens(output))
+        tokens = [int(t) for t in sample.token_ids]
+        self.decoded += len(tokens)
+        if self.stopped or not tokens:  # an abort's last output carries no tokens
+            return
+        columns = self.codec.token_columns(sample.logprobs, tokens)
+        keep = self._stop_length(tokens, columns, len(self.tokens)) if self.can_stop else None
+        if keep is not None:
+            tokens, columns, self.stopped = tokens[:keep], columns[:keep], True
+        self._columns.append(columns)
+        self.tokens.extend(tokens)
+
+    def _stop_length(self, tokens: Sequence[int], columns: np.ndarray, before: int) -> int | None:
+        """How many of `tokens` (after `before` tokens already pushed) to keep when the stop fires
+        among them (None: it does not)."""
+        request, eos = self.request, self.codec.eos_token_id
+        for i, token in enumerate(tokens):
+            generated = before + i + 1
+            if request.stop_at_eos and token == eos:
+                return None  # a natural end: vLLM sends nothing after it
+            row = columns[i]
+            # the entropy as the Completion holds it: none unless the request wants it
+            entropy = row[ENTROPY_COLUMN] if request.want_entropy else None
+            if self._stop.push(row[LOGP0_COLUMN], row[LOGQ_COLUMN], entropy) and generated < request.max_new_tokens:
+                return i + 1
+        return None
+
+    def set_bounds(self, bounds: Sequence[RejectionBound]) -> bool:
+        """Replace the request's bounds (the streaming form's `set_rejection_bounds`): the new stop
+        rule follows the tokens read so far, then every new one. True when it rejects the tokens
+        the request has: it stops now with all of them (never fewer than it has shown; a rejection
+        certain after m tokens stays certain after more), unless they end it naturally anyway.
+        A request already stopped keeps its stop (its abort is under way)."""
+        if self.stopped:
+            return False
+        self._use_bounds(bounds)
+        if not self.can_stop or not self.tokens:
+            return False
+        request, count = self.request, len(self.tokens)
+        ended = count >= request.max_new_tokens or (request.stop_at_eos and self.tokens[-1] == self.codec.eos_token_id)
+        if ended or self._stop_length(self.tokens, self.columns(), 0) is None:
+            return False
+        self.stopped = True
+        return True
+
+    def columns(self) -> np.ndarray:
+        width = 1 if self.codec.scores_separately else SAMPLER_COLUMNS
+        return np.concatenate(self._columns) if self._columns else np.zeros((0, width))
+
+    def completion(self, score: RequestOutput | None) -> Completion:
+        """The request's Completion (after its scoring pass, with one); a request that generated
+        nothing (max_new_tokens 0) is `empty_completion`."""
+        if not self.tokens:
+            return empty_completion()
+        return self.codec.completion(self.request, tuple(self.tokens), self.columns(), score, self.cached, self.stopped)
 
 
 def empty_completion() -> Completion:

@@ -18,7 +18,7 @@ import time
 from typing import Any, Sequence
 
 from presto_ray.engines.base import CallAccounting, EngineOutput, ProposalRequest
-from presto_ray.engines.vllm.codec import RequestOutput, VLLMCodec, empty_completion, scored_tokens
+from presto_ray.engines.vllm.codec import RequestOutput, TokenReader, VLLMCodec, scored_tokens
 from presto_ray.engines.vllm.settings import VLLMEngineConfigBase
 from presto_ray.engines.vllm.runtime import VLLMRuntime, set_cpu_environment
 from presto_ray.engines.vllm.streaming import VLLMStreamingEngine
@@ -72,24 +72,29 @@ class VLLMEngine:
         return self.runtime.run(self.runtime.score(self.codec, request, tokens))
 
     async def _generate(self, requests: list[ProposalRequest]) -> EngineOutput:
+        """Every request at once on the runtime (vLLM batches them). A request that carries
+        rejection bounds streams DELTA outputs so that it stops the moment every bound rejects
+        (exact early rejection: the round, or the serial step, waits less); the others read their
+        FINAL output only. Both through `VLLMRuntime.sample`, as the streaming form does."""
         start = time.perf_counter()
         for request in requests:
             self.codec.validate(request)
         runtime, codec = self.runtime, self.codec
-        live = [i for i, r in enumerate(requests) if r.max_new_tokens > 0]
-        sampled = await asyncio.gather(*[runtime.final(codec.prompt(requests[i]), codec.sampling_params(requests[i])) for i in live])
+        readers = [TokenReader(codec, request) for request in requests]
+        live = [i for i, request in enumerate(requests) if request.max_new_tokens > 0]  # others never reach vLLM
+        await asyncio.gather(*[runtime.sample(readers[i]) for i in live])
         scoring_start = time.perf_counter()
-        scored = await asyncio.gather(
-            *[runtime.score_if_separate(codec, requests[i], out.outputs[0].token_ids) for i, out in zip(live, sampled)]
-        )
+        scored = await asyncio.gather(*[runtime.score_if_separate(codec, requests[i], readers[i].tokens) for i in live])
+        scores: list[RequestOutput | None] = [None] * len(requests)
+        for i, score in zip(live, scored):
+            scores[i] = score
         accounting = CallAccounting(calls=1, num_requests=len(requests), scoring_time_s=time.perf_counter() - scoring_start)
-        completions = [empty_completion() for _ in requests]
-        for i, out, score in zip(live, sampled, scored):
-            completion = completions[i] = codec.final_completion(requests[i], out, score)
+        completions = [reader.completion(score) for reader, score in zip(readers, scores)]
+        for i in live:
             accounting.prompt_tokens += len(requests[i].context_token_ids)
-            accounting.cached_prompt_tokens += completion.cached_prompt_tokens
-            accounting.generated_tokens += len(completion.token_ids)
-            accounting.scoring_tokens += scored_tokens(score)
+            accounting.cached_prompt_tokens += completions[i].cached_prompt_tokens
+            accounting.generated_tokens += readers[i].decoded  # what vLLM decoded, past an early stop too
+            accounting.scoring_tokens += scored_tokens(scores[i])
         accounting.wall_time_s = time.perf_counter() - start
         return EngineOutput(completions, accounting)
 

@@ -1,6 +1,7 @@
 """One vLLM AsyncLLM on a private event-loop thread: the only part of the vLLM engine that holds
 vLLM's engine. The batch path (engine.py) and the streaming path (streaming.py) both run their
-requests here; what a request and its outputs mean is codec.py's.
+proposals here (`sample`: one request to its end, or to its early stop); what a request and its
+outputs mean is codec.py's.
 
 vLLM starts worker processes with `spawn`: create the runtime from a `__main__` guard, a test, or
 an actor, never at import time of a script's main module.
@@ -14,10 +15,10 @@ import os
 import threading
 import time
 from concurrent.futures import Future
-from typing import Any, AsyncIterator, Coroutine, Sequence, TypeVar
+from typing import Any, AsyncGenerator, Callable, Coroutine, Sequence, TypeVar
 
 from presto_ray.engines.base import ProposalRequest
-from presto_ray.engines.vllm.codec import RequestOutput, SamplingParams, VLLMCodec
+from presto_ray.engines.vllm.codec import OutputKind, RequestOutput, SamplingParams, TokenReader, VLLMCodec
 from presto_ray.engines.vllm.settings import VLLMEngineConfigBase
 from presto_ray.engines.vllm.sampler_columns import EXTENSION_QUALNAME, SAMPLER_COLUMNS
 
@@ -91,14 +92,43 @@ class VLLMRuntime:
         return await asyncio.wrap_future(self.submit(coro))
 
     # --- requests (on the loop) ------------------------------------------------------------------
-    def stream(self, token_ids: list[int], params: SamplingParams, request_id: str, priority: int = 0) -> AsyncIterator[RequestOutput]:
+    def stream(
+        self, token_ids: list[int], params: SamplingParams, request_id: str, priority: int = 0
+    ) -> AsyncGenerator[RequestOutput, None]:
         """vLLM's output stream for one request (DELTA outputs when `params` asks for them)."""
         from vllm.inputs import TokensPrompt
 
-        outputs: AsyncIterator[RequestOutput] = self.llm.generate(
+        outputs: AsyncGenerator[RequestOutput, None] = self.llm.generate(
             TokensPrompt(prompt_token_ids=token_ids), params, request_id=request_id, priority=priority
         )
         return outputs
+
+    async def sample(
+        self,
+        reader: TokenReader,
+        request_id: str | None = None,
+        priority: int = 0,
+        *,
+        output: OutputKind | None = None,
+        read: Callable[[RequestOutput], None] | None = None,
+    ) -> TokenReader:
+        """Run `reader`'s proposal request, each output read by `read` (default `reader.read`; the
+        streaming path reads under its lock and raises fork events), until vLLM ends it or the
+        reader's early-rejection stop fires: then the vLLM request is aborted at once (its slot
+        and KV blocks freed) and the stream closed. `output`: the outputs' kind, by default DELTA
+        where the request can stop early and FINAL_ONLY otherwise (`reader.output_kind`)."""
+        request_id = request_id if request_id is not None else f"presto-{next(self._ids)}"
+        params = reader.codec.sampling_params(reader.request, output or reader.output_kind)
+        outputs = self.stream(reader.codec.prompt(reader.request), params, request_id, priority)
+        read = read or reader.read
+        async for out in outputs:
+            read(out)
+            if reader.stopped:
+                break
+        if reader.stopped:
+            await self.abort(request_id)  # a no-op when the stop came with vLLM's last output
+            await outputs.aclose()
+        return reader
 
     async def final(self, token_ids: list[int], params: SamplingParams) -> RequestOutput:
         """The last output of one request (its only one with FINAL_ONLY params)."""

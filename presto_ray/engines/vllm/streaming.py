@@ -8,6 +8,16 @@ the chain asked for raises an event as soon as the request has that many tokens,
 it raises its completion event (after the scoring pass, when the codec scores separately). Abort
 is vLLM's `AsyncLLM.abort`; priority is vLLM's priority scheduling (lower first). The driver's
 thread blocks in `advance` on a queue the loop thread fills.
+
+Exact early rejection runs next to the tokens, on the loop thread: each request's `TokenReader`
+(codec.py) pushes every new token into the request's stop rule as its delta is read, and the
+moment every bound the request carries rejects, the runtime aborts the vLLM request
+(`VLLMRuntime.sample`, shared with the batch path) and its completion event follows at once with
+the tokens up to the firing one, finish reason "rejected". The walk may replace a running
+request's bounds (`set_rejection_bounds`, when its nodes' state changes): the new rule follows the
+tokens it has, and stops it at once where they already reject. No per-token event crosses to the
+driver or the coordinator. With `logp0_from: scoring_pass` the bounds are ignored (log p0 is known
+only after the proposal ends).
 """
 
 from __future__ import annotations
@@ -18,11 +28,12 @@ import queue
 import threading
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
+from functools import partial
+from typing import Sequence
 
-import numpy as np
-
+from presto_ray.early_rejection import RejectionBound
 from presto_ray.engines.base import CallAccounting, Completion, EngineEvent, ProposalRequest
-from presto_ray.engines.vllm.codec import CompletionOutput, VLLMCodec, cached_tokens, empty_completion, scored_tokens
+from presto_ray.engines.vllm.codec import RequestOutput, TokenReader, VLLMCodec, empty_completion, scored_tokens
 from presto_ray.engines.vllm.runtime import VLLMRuntime
 
 # vLLM's priorities are integers: a reach-based priority in [0, 1] keeps three digits.
@@ -31,19 +42,26 @@ PRIORITY_SCALE = 1000
 
 @dataclass
 class _Live:
-    request: ProposalRequest
+    reader: TokenReader  # the request, its tokens and columns so far, its early-rejection stop
     request_id: str
-    tokens: list[int] = field(default_factory=list)
-    columns: list[np.ndarray] = field(default_factory=list)  # VLLMCodec.token_columns of each delta
     wakes: set[int] = field(default_factory=set)
     future: Future[None] | None = None
+
+    @property
+    def request(self) -> ProposalRequest:
+        return self.reader.request
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.reader.tokens
 
 
 @dataclass
 class StreamStats:
-    generated_tokens: int = 0  # decoded, aborted requests' tokens included
+    generated_tokens: int = 0  # decoded, aborted and early-stopped requests' tokens included
     aborted_requests: int = 0
     wasted_tokens: int = 0  # decoded by requests aborted before they ended
+    early_stopped_requests: int = 0  # ended by exact early rejection (vLLM request aborted there)
 
 
 class VLLMStreamingEngine:
@@ -70,7 +88,7 @@ class VLLMStreamingEngine:
     def submit(self, request: ProposalRequest, priority: float = 0.0) -> int:
         self.codec.validate(request)
         handle = next(self._handles)
-        live = _Live(request, f"presto-stream-{id(self)}-{handle}")
+        live = _Live(TokenReader(self.codec, request), f"presto-stream-{id(self)}-{handle}")
         self._live[handle] = live
         with self._lock:
             self._accounting.num_requests += 1
@@ -101,8 +119,20 @@ class VLLMStreamingEngine:
             return
         with self._lock:
             self.clock.aborted_requests += 1
-            self.clock.wasted_tokens += len(live.tokens)
+            self.clock.wasted_tokens += live.reader.decoded
         self.runtime.submit(self.runtime.abort(live.request_id))
+
+    def set_rejection_bounds(self, handle: int, bounds: Sequence[RejectionBound]) -> None:
+        """Replace a live request's bounds (`TokenReader.set_bounds`). When they reject the tokens it
+        has, it stops there: the vLLM request is aborted, and its last (empty) output ends the
+        stream, so its completion event follows ("rejected", with every token it has)."""
+        live = self._live.get(handle)
+        if live is None:
+            return
+        with self._lock:
+            stopped = live.reader.set_bounds(bounds)
+        if stopped:
+            self.runtime.submit(self.runtime.abort(live.request_id))
 
     def advance(self) -> list[EngineEvent]:
         """Block until something happens; every event since, of requests still live (a refused
@@ -140,39 +170,38 @@ class VLLMStreamingEngine:
 
     # --- on the runtime's loop ---------------------------------------------------------------
     async def _run(self, handle: int, live: _Live, priority: int) -> None:
-        request = live.request
+        reader = live.reader
         try:
-            cached = 0
-            if request.max_new_tokens > 0:
-                params = self.codec.sampling_params(request, "delta")
-                async for out in self.runtime.stream(self.codec.prompt(request), params, live.request_id, priority):
-                    cached = cached_tokens(out) or cached
-                    self._append(handle, live, out.outputs[0])
+            if reader.request.max_new_tokens > 0:
+                read = partial(self._append, handle, live)
+                await self.runtime.sample(reader, live.request_id, priority, output="delta", read=read)
             if handle not in self._live:
                 return  # aborted: nothing to score
-            completion = await self._finish(live, cached) if live.tokens else empty_completion()
-            self._events.put(EngineEvent(handle, len(live.tokens), completion))
+            if reader.stopped:
+                with self._lock:
+                    self.clock.early_stopped_requests += 1
+            completion = await self._finish(live) if reader.tokens else empty_completion()
+            self._events.put(EngineEvent(handle, len(reader.tokens), completion))
         except asyncio.CancelledError:
             raise
         except Exception as error:  # the engine refused the request: the chain fails with its message
-            self._events.put(EngineEvent(handle, len(live.tokens), error=error))
+            self._events.put(EngineEvent(handle, len(reader.tokens), error=error))
 
-    def _append(self, handle: int, live: _Live, delta: CompletionOutput) -> None:
-        tokens = [int(t) for t in delta.token_ids]
-        columns = self.codec.token_columns(delta.logprobs, tokens)
+    def _append(self, handle: int, live: _Live, output: RequestOutput) -> None:
+        """One DELTA output: its tokens (up to an early stop), counted, and the fork events it reaches."""
         with self._lock:
-            live.columns.append(columns)
-            live.tokens.extend(tokens)
-            self.clock.generated_tokens += len(tokens)
+            decoded = live.reader.decoded
+            live.reader.read(output)
+            self.clock.generated_tokens += live.reader.decoded - decoded
             reached = {w for w in live.wakes if w <= len(live.tokens)}
             live.wakes -= reached
         if reached:
             self._events.put(EngineEvent(handle, len(live.tokens)))
 
-    async def _finish(self, live: _Live, cached: int) -> Completion:
+    async def _finish(self, live: _Live) -> Completion:
         tokens = tuple(live.tokens)
         score = await self.runtime.score_if_separate(self.codec, live.request, tokens)
         with self._lock:
-            self._accounting.cached_prompt_tokens += cached
+            self._accounting.cached_prompt_tokens += live.reader.cached
             self._accounting.scoring_tokens += scored_tokens(score)
-        return self.codec.completion(live.request, tokens, np.concatenate(live.columns), score, cached)
+        return live.reader.completion(score)
