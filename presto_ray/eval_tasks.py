@@ -7,6 +7,10 @@
 - level 3: a multiplication, then an addition or subtraction (numbers below 12 and 30).
 
 Every answer is a non-negative integer. The extractor reads the model's final number.
+
+`presto-ray eval` runs them as `presto_ray.tasks.Problem`s (`task_problems`, graded by `grade`);
+`gsm8k_rows` writes them as a GSM8K file (`presto-ray eval --export-gsm8k FILE`), so the same
+problems can be run through the dataset path, its template and its grader.
 """
 
 from __future__ import annotations
@@ -14,6 +18,8 @@ from __future__ import annotations
 import random
 import re
 from dataclasses import dataclass
+
+from presto_ray.tasks import base as task_base
 
 TASKS = ("arithmetic",)
 LEVELS = (1, 2, 3)
@@ -29,6 +35,11 @@ class Problem:
     question: str  # the prompt, instruction included
     answer: int
     level: int
+
+    @property
+    def text(self) -> str:
+        """The word problem without the instruction."""
+        return self.question.removesuffix(f" {INSTRUCTION}")
 
 
 def _level1(rng: random.Random, name: str, item: str) -> tuple[str, int]:
@@ -89,6 +100,19 @@ def build_task(task: str, n: int, seed: int = 0) -> list[Problem]:
     raise ValueError(f"unknown task {task!r}; known: {', '.join(TASKS)}")
 
 
+def task_problems(problems: list[Problem]) -> list[task_base.Problem]:
+    """The problems as `presto_ray.tasks` problems of the task `arithmetic` (graded by `grade`)."""
+    return [
+        task_base.Problem(p.id, "arithmetic", p.question, str(p.answer), {"question": p.text, "level": p.level})
+        for p in problems
+    ]
+
+
+def gsm8k_rows(problems: list[Problem]) -> list[dict]:
+    """The problems as GSM8K rows: `id`, `question` (without the instruction), `answer` '#### N', `level`."""
+    return [{"id": p.id, "question": p.text, "answer": f"#### {p.answer}", "level": p.level} for p in problems]
+
+
 _NUMBER = r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?|-?\d+(?:\.\d+)?"
 _MARKED = [  # explicit answer markers, most specific first; the last match of the first marker found wins
     re.compile(r"\\boxed\{\s*(" + _NUMBER + r")\s*\}"),
@@ -113,3 +137,12 @@ def extract_answer(text: str) -> int | None:
             return _to_int(found[-1])
     found = _ANY.findall(text)
     return _to_int(found[-1]) if found else None
+
+
+def grade(problem: task_base.Problem, completion: str) -> task_base.Grade:
+    """An arithmetic problem's grade: `extract_answer` against the integer reference."""
+    number = extract_answer(completion)
+    if number is None:
+        return task_base.Grade(False, task_base.NO_ANSWER, None, "no integer answer")
+    right = str(number) == problem.reference
+    return task_base.Grade(right, task_base.CORRECT if right else task_base.WRONG, str(number))

@@ -1,174 +1,408 @@
-"""`presto-ray eval`: does power sampling answer a verifiable task better than ordinary decoding?
+"""`presto-ray eval`: does power sampling answer a verifiable task better than ordinary decoding, and
+at what cost?
 
-Four methods answer every problem with the same token budget (the config's horizon):
+Five methods answer the same problems, every answer up to the config's horizon:
 
-- `greedy`: argmax decoding (a request at temperature 0);
+- `greedy`: argmax decoding (a request at temperature 0), one answer per problem;
 - `temperature_1`: ordinary sampling from p0;
-- `low_temperature`: token-level sampling at tau = 1/alpha (the power law's per-token cousin,
-  and power sampling's proposal);
-- `power`: PowerMH with the config's sampler (alpha, steps, traversal, schedule).
+- `low_temperature`: token-level sampling at tau = 1/alpha (the power law's per-token cousin);
+- `best_of_n`: n candidates (`eval.best_of_n`) sampled at the proposal temperature tau (the
+  sampler's `proposal_temperature`, else 1/alpha); the answer is the candidate with the highest
+  mean log p0 per token (the first of equals);
+- `power`: the configured sampler (PowerMH, EntropyCut or MultiTryMH with its alpha, steps,
+  traversal and schedule).
 
-For each: accuracy with a 95% Wilson interval, accuracy per level, and the mean log p0 of the
-answers (per answer and per token).
+The sampling methods answer `eval.samples` times per problem (pass@k for k up to that). Each
+method's row: accuracy (the mean over answers) with a 95% Wilson interval, pass@k, accuracy per
+level, `generated_tokens_per_problem` (every token the engine generated for the problem's answers:
+all n candidates of best_of_n; for power the chain's `SampleStats.generated_tokens`, rejected and
+speculative proposals included), engine time, wall time, and the mean log p0 of the answers.
+
+Prompts come from the task's template (eval_config.py), answers are graded by the task's grader
+(presto_ray/tasks/; the built-in arithmetic task by eval_tasks.grade).
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
-from typing import Callable, Sequence
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from presto_ray.backend import Backend
+from presto_ray import eval_tasks
+from presto_ray.backend import Backend, LocalBackend
 from presto_ray.config import SamplerConfig
-from presto_ray.engines.base import ProposalRequest
-from presto_ray.eval_tasks import Problem, extract_answer
+from presto_ray.driver import sample_many
+from presto_ray.engines.base import CallAccounting, Completion, ProposalRequest
+from presto_ray.eval_config import EvalConfig
 from presto_ray.keys import derive_seed
-from presto_ray.tasks.report import wilson_interval  # one owner of the interval; imported here by name too
+from presto_ray.progress import Progress
+from presto_ray.prompts import context_problem
+from presto_ray.results import SampleResult, SampleStats
+from presto_ray.tasks import Limits, Problem
+from presto_ray.tasks import grade as task_grade
+from presto_ray.tasks.base import Grade
+from presto_ray.tasks.report import pass_at_k, wilson_interval  # one owner of the figures; imported here by name too
 from presto_ray.validate import format_table
 
-METHODS = ("greedy", "temperature_1", "low_temperature", "power")
+METHODS = ("greedy", "temperature_1", "low_temperature", "best_of_n", "power")
+Grader = Callable[[Problem, str], Grade]
+
+
+def method_seed(seed: int, method: str, problem: int, sample: int, candidate: int | None = None) -> int:
+    """The seed of one request or chain: (eval seed, method, problem index, sample[, candidate]),
+    so a method's answers do not depend on which other methods run."""
+    parts = (METHODS.index(method), problem, sample) + (() if candidate is None else (candidate,))
+    return derive_seed(seed, *parts)
 
 
 @dataclass
 class Answer:
     problem_id: str
-    level: int
-    expected: int
+    sample: int
     text: str
-    extracted: int | None
-    correct: bool
-    tokens: int
+    token_ids: list[int]
+    tokens: int  # the answer's length
     logp0: float  # log p0 of the whole answer
+    generated_tokens: int  # every token generated for this answer (best_of_n: all candidates; power: the chain's)
+    correct: bool = False
+    status: str = ""
+    extracted: str | None = None
+    detail: str = ""
+    candidates: list[dict] | None = None  # best_of_n: each candidate's tokens, logp0_per_token, correct; `chosen`
 
 
 @dataclass
 class EvalReport:
     task: str
     seed: int
-    config: dict
-    methods: list[dict]  # one per method: name, accuracy, n, ci, per level, log-likelihoods
+    config: dict  # the sampler
+    eval: dict  # the eval section (prompts, best_of_n, samples)
+    problems: int
+    methods: list[dict]  # one per method: name, accuracy, pass_at_k, ci, tokens, times, per level ...
     answers: dict[str, list[dict]] = field(default_factory=dict)
+    dataset: str | None = None  # the file, or None for the built-in task
 
     def to_json(self) -> dict:
         return asdict(self)
 
     def table(self) -> str:
-        headers = ["method", "accuracy", "95% CI", "n", "mean log p0", "log p0 / token", "tokens", "wall s"]
-        body = [
-            [
+        most = max((m["samples_per_problem"] for m in self.methods), default=1)
+        headers = ["method", "accuracy", "95% CI", *([f"pass@{most}"] if most > 1 else []),
+                   "tokens / problem", "engine s", "wall s", "log p0 / token"]  # fmt: skip
+        body = []
+        for m in self.methods:
+            passed = m["pass_at_k"].get(str(most))
+            body.append([
                 m["name"],
                 f"{m['accuracy']:.1%}",
                 f"[{m['ci_low']:.1%}, {m['ci_high']:.1%}]",
-                str(m["n"]),
-                f"{m['mean_logp0']:.2f}",
-                f"{m['mean_logp0_per_token']:.3f}",
-                f"{m['mean_tokens']:.1f}",
+                *([f"{passed:.1%}" if passed is not None else "-"] if most > 1 else []),
+                f"{m['generated_tokens_per_problem']:.1f}",
+                f"{m['engine_time_s']:.1f}" if m["engine_time_s"] is not None else "-",
                 f"{m['wall_time_s']:.1f}",
-            ]
-            for m in self.methods
-        ]
+                f"{m['mean_logp0_per_token']:.3f}",
+            ])  # fmt: skip
         return format_table(headers, body)
 
 
-def _summary(name: str, answers: list[Answer], wall_time_s: float, detail: str) -> dict:
-    n = len(answers)
+@dataclass
+class _Cost:
+    wall_time_s: float
+    engine_time_s: float | None  # seconds in engine calls (streaming: the stream's span); None on Ray
+    engine_generated_tokens: int | None  # the engine's own count (streaming: aborted requests' tokens too)
+
+
+class _Runner:
+    """Plain generations and chains through the backend. In process it calls the backend's engine
+    and driver itself, for the engine's accounting and a progress bar that moves per chain."""
+
+    def __init__(self, backend: Backend, batch_size: int, show_progress: bool) -> None:
+        self.backend = backend
+        self.local = backend if isinstance(backend, LocalBackend) else None
+        self.batch_size = batch_size
+        self.show_progress = show_progress
+
+    def generate(self, name: str, requests: Sequence[ProposalRequest]) -> tuple[list[Completion], CallAccounting | None]:
+        bar = Progress(len(requests), enabled=self.show_progress)
+        completions: list[Completion] = []
+        accounting = CallAccounting() if self.local else None
+        for start in range(0, len(requests), self.batch_size):
+            part = list(requests[start : start + self.batch_size])
+            if self.local is not None and accounting is not None:
+                output = self.local.engine.generate(part)
+                accounting.add(output.accounting)
+                completions.extend(output.completions)
+            else:
+                completions.extend(self.backend.generate(part))
+            for _ in part:
+                bar.update(name)
+        return completions, accounting
+
+    def sample(
+        self, name: str, prompts: Sequence[Sequence[int]], configs: Sequence[SamplerConfig]
+    ) -> tuple[list[SampleResult], CallAccounting | None]:
+        bar = Progress(len(prompts), enabled=self.show_progress)
+        if self.local is not None:
+            results, accounting = sample_many(
+                self.local.engine, prompts, configs, max_active_chains=self.local.max_active_chains,
+                on_result=lambda _i, _r: bar.update(name),
+            )  # fmt: skip
+            return results, accounting
+        out: list[SampleResult] = []
+        for start in range(0, len(prompts), self.batch_size):
+            part = self.backend.sample(prompts[start : start + self.batch_size], configs[start : start + self.batch_size])
+            out.extend(part)
+            for _ in part:
+                bar.update(name)
+        return out, None
+
+
+def _cost(wall: float, accounting: CallAccounting | None) -> _Cost:
+    if accounting is None:
+        return _Cost(wall, None, None)
+    return _Cost(wall, accounting.wall_time_s, accounting.generated_tokens)
+
+
+def _per_token(completion: Completion) -> float:
+    n = len(completion.token_ids)
+    return float(np.sum(completion.logp0)) / n if n else float("-inf")
+
+
+def _choose(candidates: Sequence[Completion]) -> int:
+    """best_of_n's pick: the highest mean log p0 per token, the first of equals."""
+    scores = [_per_token(c) for c in candidates]
+    return max(range(len(scores)), key=lambda k: (scores[k], -k))
+
+
+def _grade_all(grader: Grader, jobs: list[tuple[Problem, str]], parallel: bool) -> list[Grade]:
+    if parallel:  # code runs in subprocesses; math-verify's timeouts need the main thread, so only code
+        with ThreadPoolExecutor() as pool:
+            return list(pool.map(lambda job: grader(*job), jobs))
+    return [grader(problem, text) for problem, text in jobs]
+
+
+def _summary(
+    name: str, detail: str, problems: Sequence[Problem], answers: list[Answer], cost: _Cost, grade_time_s: float,
+    chains: SampleStats | None = None,
+) -> dict[str, Any]:
+    n = len(problems)
+    per_problem: dict[str, list[bool]] = {}
+    for a in answers:
+        per_problem.setdefault(a.problem_id, []).append(a.correct)
+    counts = [(len(per_problem.get(p.id, [])), sum(per_problem.get(p.id, []))) for p in problems]
+    samples = min((k for k, _ in counts), default=0)
     correct = sum(a.correct for a in answers)
-    low, high = wilson_interval(correct, n)
+    accuracy = correct / len(answers) if answers else 0.0
+    # one answer per problem: a binomial over problems; several: the answers of one problem are not
+    # independent, so the interval counts problems (accuracy x n successes of n), which is wider
+    low, high = wilson_interval(correct if samples == 1 else accuracy * n, n)
     tokens = sum(a.tokens for a in answers)
-    levels = sorted({a.level for a in answers})
-    return {
+    generated = sum(a.generated_tokens for a in answers)
+    levels: dict[str, list[bool]] = {}
+    for p in problems:
+        if p.fields.get("level") is not None:
+            levels.setdefault(str(p.fields["level"]), []).extend(per_problem.get(p.id, []))
+    summary: dict[str, Any] = {
         "name": name,
         "detail": detail,
-        "accuracy": correct / n if n else 0.0,
+        "accuracy": accuracy,
         "n": n,
+        "samples_per_problem": samples,
+        "answers": len(answers),
         "correct": correct,
         "ci_low": low,
         "ci_high": high,
-        "accuracy_by_level": {
-            str(level): float(np.mean([a.correct for a in answers if a.level == level])) for level in levels
-        },
-        "mean_logp0": float(np.mean([a.logp0 for a in answers])) if n else 0.0,
+        "pass_at_k": {str(k): float(np.mean([pass_at_k(s, c, k) for s, c in counts])) for k in range(1, samples + 1)},
+        "accuracy_by_level": {level: float(np.mean(v)) for level, v in sorted(levels.items()) if v},
+        "generated_tokens_per_problem": generated / n if n else 0.0,
+        "generated_tokens": generated,
+        "engine_generated_tokens": cost.engine_generated_tokens,
+        "mean_tokens": tokens / len(answers) if answers else 0.0,
+        "mean_logp0": float(np.mean([a.logp0 for a in answers])) if answers else 0.0,
         "mean_logp0_per_token": sum(a.logp0 for a in answers) / tokens if tokens else 0.0,
-        "mean_tokens": tokens / n if n else 0.0,
-        "no_answer": sum(a.extracted is None for a in answers),
-        "wall_time_s": wall_time_s,
+        "no_answer": sum(a.status == "no_answer" for a in answers),
+        "statuses": dict(Counter(a.status for a in answers).most_common()),
+        "engine_time_s": cost.engine_time_s,
+        "wall_time_s": cost.wall_time_s,
+        "grade_time_s": grade_time_s,
     }
+    if name == "best_of_n":
+        right = [any(c["correct"] for c in a.candidates or []) for a in answers]
+        summary["oracle_accuracy"] = float(np.mean(right)) if right else 0.0  # some candidate was right
+    if chains is not None:  # power: what its chains did, summed (requests, acceptance, aborts, early stops)
+        summary["acceptance_rate"] = chains.acceptance_rate
+        summary["chain_stats"] = asdict(chains)
+    return summary
+
+
+def as_problems(problems: Sequence[Problem | eval_tasks.Problem]) -> list[Problem]:
+    """Benchmark problems as they are; the built-in arithmetic problems converted."""
+    return [eval_tasks.task_problems([p])[0] if isinstance(p, eval_tasks.Problem) else p for p in problems]
+
+
+def default_grader(task: str, eval_config: EvalConfig) -> Grader:
+    if task == "arithmetic":
+        return eval_tasks.grade
+    limits = Limits(timeout_s=eval_config.grade_timeout_s, memory_mb=eval_config.grade_memory_mb)
+    return lambda problem, text: task_grade(problem, text, limits)
 
 
 def run_eval(
     backend: Backend,
-    problems: Sequence[Problem],
+    problems: Sequence[Problem | eval_tasks.Problem],
     config: SamplerConfig,
     *,
-    task: str = "arithmetic",
-    seed: int = 0,
+    eval_config: EvalConfig = EvalConfig(),
+    task: str | None = None,
+    seed: int | None = None,
     methods: Sequence[str] = METHODS,
+    grader: Grader | None = None,
+    dataset: str | None = None,
     progress: Callable[[str], None] | None = None,
+    show_progress: bool = False,
 ) -> EvalReport:
-    """Answer every problem with every method; sampling seeds derive from (seed, method, problem)."""
+    """Answer every problem with every method and grade the answers (seeds: `method_seed` of
+    `seed`, by default the sampler's)."""
+    seed = config.seed if seed is None else seed
     unknown = set(methods) - set(METHODS)
     if unknown:
         raise ValueError(f"unknown method(s) {sorted(unknown)}; known: {', '.join(METHODS)}")
+    items = as_problems(problems)
+    if not items:
+        raise ValueError("no problems")
+    task = task or items[0].task
+    if other := {p.task for p in items} - {task}:
+        raise ValueError(f"problems of the task {task!r} only, not {sorted(other)}")
+    grader = grader or default_grader(task, eval_config)
     tokenizer = backend.tokenizer
-    prompts = [tuple(tokenizer.encode(p.question)) for p in problems]
+    prompts = []
+    for p in items:
+        text, chat = eval_config.prompt(task, p.fields.get("question", p.prompt))
+        prompts.append(tuple(tokenizer.encode(text) if chat else tokenizer.encode_raw(text)))
     horizon = config.horizon
-    temperatures = {"greedy": 0.0, "temperature_1": 1.0, "low_temperature": 1.0 / config.alpha}
+    context = getattr(getattr(backend, "engine", None), "context_length", None)
+    for p, prompt in zip(items, prompts):  # before any sampling: not after hours of work
+        if context is not None and (problem := context_problem(len(prompt), horizon, context, "horizon")):
+            raise ValueError(f"problem id={p.id!r}: {problem}")
+    samples, best_n = eval_config.samples, eval_config.best_of_n
+    temperatures = {"greedy": 0.0, "temperature_1": 1.0, "low_temperature": 1.0 / config.alpha, "best_of_n": config.tau}
     details = {
         "greedy": "argmax decoding",
         "temperature_1": "sampling from p0",
         "low_temperature": f"token-level tau = 1/alpha = {1.0 / config.alpha:.3g}",
-        "power": f"PowerMH alpha {config.alpha:g}, K {config.mh_steps}, {config.traversal}/{config.schedule}",
+        "best_of_n": f"best of {best_n} at tau {config.tau:.3g} by mean log p0 per token",
+        "power": f"{config.sampler} alpha {config.alpha:g}, K {config.mh_steps}, {config.traversal}/{config.schedule}",
     }
+    runner = _Runner(backend, eval_config.batch_size, show_progress)
+    parallel_grading = task == "humaneval"
     summaries, all_answers = [], {}
-    for m, name in enumerate(methods):
+    for name in methods:
+        per_problem = 1 if name == "greedy" else samples
+        slots = [(i, s) for i in range(len(items)) for s in range(per_problem)]
         if progress:
-            progress(f"{name}: {len(problems)} problems")
+            progress(f"{name}: {len(items)} problems x {per_problem} answer(s)" + (f" x {best_n} candidates" if name == "best_of_n" else ""))
         start = time.perf_counter()
-        seeds = [derive_seed(seed, m, i) for i in range(len(problems))]
+        answers: list[Answer] = []
         if name == "power":
-            results = backend.sample(prompts, [config.model_copy(update={"seed": s}) for s in seeds])
-            outputs = [(r.token_ids, float(sum(r.logp0))) for r in results]
+            configs = [config.model_copy(update={"seed": method_seed(seed, name, i, s)}) for i, s in slots]
+            results, accounting = runner.sample(name, [prompts[i] for i, _ in slots], configs)
+            cost = _cost(time.perf_counter() - start, accounting)
+            chains = SampleStats()
+            for r in results:
+                chains.add(r.stats)
+            for (i, s), r in zip(slots, results):
+                answers.append(Answer(items[i].id, s, tokenizer.decode(r.token_ids), list(r.token_ids), len(r.token_ids),
+                                      float(sum(r.logp0)), r.stats.generated_tokens))  # fmt: skip
         else:
+            chains = None
+            n = best_n if name == "best_of_n" else 1
             requests = [
-                ProposalRequest(prompt, (), horizon, temperatures[name], s, stop_at_eos=True)
-                for prompt, s in zip(prompts, seeds)
-            ]
-            outputs = [(c.token_ids, float(np.sum(c.logp0))) for c in backend.generate(requests)]
-        wall = time.perf_counter() - start
-        answers = []
-        for problem, (tokens, logp0) in zip(problems, outputs):
-            text = tokenizer.decode(tokens)
-            extracted = extract_answer(text)
-            answers.append(
-                Answer(problem.id, problem.level, problem.answer, text, extracted, extracted == problem.answer, len(tokens), logp0)
-            )
-        summaries.append(_summary(name, answers, wall, details[name]))
+                ProposalRequest(prompts[i], (), horizon, temperatures[name],
+                                method_seed(seed, name, i, s, c if name == "best_of_n" else None), stop_at_eos=True)
+                for i, s in slots for c in range(n)
+            ]  # fmt: skip
+            completions, accounting = runner.generate(name, requests)
+            cost = _cost(time.perf_counter() - start, accounting)
+            for k, (i, s) in enumerate(slots):
+                group = completions[k * n : (k + 1) * n]
+                chosen = _choose(group) if name == "best_of_n" else 0
+                c = group[chosen]
+                answer = Answer(items[i].id, s, tokenizer.decode(c.token_ids), list(c.token_ids), len(c.token_ids),
+                                float(np.sum(c.logp0)), sum(len(g.token_ids) for g in group))  # fmt: skip
+                if name == "best_of_n":
+                    answer.candidates = [
+                        {"tokens": len(g.token_ids), "logp0_per_token": _per_token(g), "text": tokenizer.decode(g.token_ids),
+                         "chosen": j == chosen}
+                        for j, g in enumerate(group)
+                    ]  # fmt: skip
+                answers.append(answer)
+        grade_start = time.perf_counter()
+        by_id = {p.id: p for p in items}
+        if name == "best_of_n":
+            jobs = [(by_id[a.problem_id], c["text"]) for a in answers for c in a.candidates or []]
+            grades = _grade_all(grader, jobs, parallel_grading)
+            for k, a in enumerate(answers):
+                candidate_grades = grades[k * best_n : (k + 1) * best_n]
+                for candidate, verdict in zip(a.candidates or [], candidate_grades):
+                    candidate["correct"] = verdict.correct
+                picked = next(j for j, candidate in enumerate(a.candidates or []) if candidate["chosen"])
+                verdict = candidate_grades[picked]
+                a.correct, a.status, a.extracted, a.detail = verdict.correct, verdict.status, verdict.extracted, verdict.detail
+        else:
+            grades = _grade_all(grader, [(by_id[a.problem_id], a.text) for a in answers], parallel_grading)
+            for a, g in zip(answers, grades):
+                a.correct, a.status, a.extracted, a.detail = g.correct, g.status, g.extracted, g.detail
+        summaries.append(_summary(name, details[name], items, answers, cost, time.perf_counter() - grade_start, chains))
         all_answers[name] = [asdict(a) for a in answers]
-    return EvalReport(task, seed, config.model_dump(), summaries, all_answers)
+    return EvalReport(task, seed, config.model_dump(), eval_config.model_dump(), len(items), summaries, all_answers, dataset)
+
+
+def report_from_json(data: dict) -> EvalReport:
+    """An EvalReport back from its JSON (to redraw a plot without sampling again)."""
+    names = {f.name for f in fields(EvalReport)}
+    return EvalReport(**{k: v for k, v in data.items() if k in names})
 
 
 def plot_report(report: EvalReport, path: str) -> None:
-    """Accuracy with Wilson intervals and log p0 per token, per method (matplotlib, Agg)."""
+    """Accuracy against tokens spent per problem (one point per method, 95% Wilson error bars), and
+    the mean log p0 per answer token (matplotlib, Agg)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter
 
-    names = [m["name"] for m in report.methods]
-    acc = np.array([m["accuracy"] for m in report.methods])
-    err = np.maximum(0.0, np.array([[a - m["ci_low"], m["ci_high"] - a] for a, m in zip(acc, report.methods)]).T)
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
-    left.bar(names, acc, yerr=err, capsize=4, color="#4C72B0")
+    methods = report.methods
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2), gridspec_kw={"width_ratios": [3, 2]})
+    colors = plt.get_cmap("tab10")
+    seen: list[float] = []
+    for k, m in enumerate(methods):
+        x, y = m["generated_tokens_per_problem"], m["accuracy"]
+        twins = sum(abs(x - other) <= 0.01 * max(x, 1.0) for other in seen)  # same cost: dodge a little
+        seen.append(x)
+        err = [[max(0.0, y - m["ci_low"])], [max(0.0, m["ci_high"] - y)]]
+        left.errorbar([x * 1.04**twins], [y], yerr=err, fmt="o", capsize=4, color=colors(k), label=m["name"])
+    if methods and min(m["generated_tokens_per_problem"] for m in methods) > 0:
+        left.set_xscale("log")
+        plain = FuncFormatter(lambda value, _: f"{value:g}")
+        left.xaxis.set_major_formatter(plain)
+        left.xaxis.set_minor_formatter(plain)
+        left.tick_params(axis="x", which="minor", labelsize=7)
+    left.set_xlabel("tokens generated per problem (every candidate and proposal)")
     left.set_ylabel("accuracy (95% Wilson CI)")
-    left.set_ylim(0, 1)
-    left.set_title(f"{report.task}, n = {report.methods[0]['n'] if report.methods else 0}")
-    right.bar(names, [m["mean_logp0_per_token"] for m in report.methods], color="#DD8452")
+    left.set_ylim(-0.02, 1.02)
+    left.legend(fontsize=8, loc="upper left")
+    left.set_title(f"{report.task}, {report.problems} problems")
+    left.grid(alpha=0.3)
+    names = [m["name"] for m in methods]
+    right.bar(names, [m["mean_logp0_per_token"] for m in methods], color=[colors(k) for k in range(len(methods))])
     right.set_ylabel("mean log p0 per answer token")
     right.set_title("likelihood of the answers")
-    for ax in (left, right):
-        ax.tick_params(axis="x", rotation=20)
+    right.tick_params(axis="x", rotation=25)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -16,6 +16,7 @@ from presto_ray.config import SamplerConfig
 from presto_ray.driver import sample_many
 from presto_ray.engines.base import CallAccounting, Engine, Tokenizer
 from presto_ray.engines.specs import EngineConfig, VLLMEngineConfig
+from presto_ray.eval_config import EvalConfig
 from presto_ray.keys import derive_seed
 from presto_ray.output import sample_row
 from presto_ray.prompts import PromptItem, context_problem
@@ -34,6 +35,7 @@ class JobConfig(BaseModel):
     max_active_chains: int = Field(64, ge=1, le=100_000, description="Chains whose requests share each call.")
     ray: RayConfig = Field(RayConfig(), description="Replicas, stage actors and batching for `sample --ray` and Serve.")
     serve: ServeConfig = Field(ServeConfig(), description="The HTTP service (`presto-ray serve`).")
+    eval: EvalConfig = Field(EvalConfig(), description="`presto-ray eval`: prompt templates per task, best-of-n, samples.")
 
     @model_validator(mode="after")
     def _check_replica_gpus(self) -> "JobConfig":
@@ -113,6 +115,8 @@ class JobSummary:
             f"acceptance rate      {c.acceptance_rate:.3f}",
             f"cached-token share   {ratio(e.cached_prompt_tokens, e.prompt_tokens):.3f}",
             f"generated tokens     {e.generated_tokens}",
+            f"stopped early        {c.early_stopped_requests} requests, {c.early_stop_tokens_left} tokens left unused "
+            f"({c.early_rejected_steps} steps rejected from their first tokens)",
             f"wall time            {self.wall_time_s:.2f} s",
         ] + (
             [f"resumed              {self.skipped} finished pairs skipped"] if self.skipped else []

@@ -5,15 +5,19 @@ actors/ray_backend.py, imported only then)."""
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from presto_ray.cli.common import EXAMPLES, OK, BadInput, Subparsers, add_ray_options, fail, load_job_config, progress
+from presto_ray.cli.common import (
+    EXAMPLES, OK, BadInput, Subparsers, add_ray_options, fail, load_job_config, progress, validation_message,
+)  # fmt: skip
 
 if TYPE_CHECKING:
     from presto_ray.backend import Backend
+    from presto_ray.eval_config import EvalConfig
     from presto_ray.job import JobConfig
 
 
@@ -132,31 +136,81 @@ def eval_png_path(out: str, png: str | None) -> str | None:
     return png or None
 
 
+def load_eval_configs(args: argparse.Namespace) -> tuple[JobConfig, EvalConfig]:
+    """The job config and its `eval:` section, with --seed, --samples and --best-of applied."""
+    import yaml
+    from pydantic import ValidationError
+
+    from presto_ray.config import SamplerConfig
+    from presto_ray.job import JobConfig
+
+    source = args.config or "default configuration"
+    try:
+        data = (yaml.safe_load(Path(args.config).read_text()) or {}) if args.config else {}
+        if not isinstance(data, dict):
+            raise BadInput(f"{args.config}: expected a mapping of sections (engine, sampler, eval ...)")
+        job = JobConfig.model_validate(data)
+        section = job.eval
+        if args.seed is not None:
+            job = job.model_copy(update={"sampler": SamplerConfig.model_validate({**job.sampler.model_dump(), "seed": args.seed})})
+        overrides = {k: v for k, v in (("samples", args.samples), ("best_of_n", args.best_of)) if v is not None}
+        if overrides:
+            section = type(section).model_validate({**section.model_dump(), **overrides})
+    except ValidationError as e:
+        raise BadInput(validation_message(e, source + (" with command-line overrides" if args.seed is not None else ""))) from None
+    except (OSError, ValueError, yaml.YAMLError) as e:
+        raise BadInput(f"{args.config}: {e}") from None
+    return job, section
+
+
 def cmd_eval(args: argparse.Namespace) -> int:
-    from presto_ray.eval_tasks import build_task
+    from presto_ray.eval_tasks import build_task, gsm8k_rows, task_problems
     from presto_ray.evaluate import METHODS, plot_report, run_eval
     from presto_ray.output import write_json_atomic
+    from presto_ray.tasks import DatasetError, load_dataset
 
+    if args.n is not None and args.n < 1:
+        return fail("--n must be at least 1")
+    if args.export_gsm8k:  # the generated problems as a GSM8K file; no model is started
+        if args.dataset:
+            return fail("--export-gsm8k writes the generated arithmetic problems: leave out --dataset")
+        generated = build_task("arithmetic", args.n or 30, args.task_seed)
+        target = Path(args.export_gsm8k)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text("".join(json.dumps(row) + "\n" for row in gsm8k_rows(generated)))
+        print(f"wrote {len(generated)} arithmetic problems (task seed {args.task_seed}) as GSM8K rows to {target}")
+        return OK
     try:
-        config = load_job_config(args)
+        config, eval_config = load_eval_configs(args)
     except BadInput as e:
         return fail(str(e))
     methods = args.methods.split(",") if args.methods else list(METHODS)
     if unknown := set(methods) - set(METHODS):
         return fail(f"--methods: unknown {sorted(unknown)}; known: {','.join(METHODS)}")
-    try:
-        problems = build_task(args.task, args.n, args.task_seed)
-    except ValueError as e:
-        return fail(str(e))
+    if args.dataset:
+        if args.task == "arithmetic":
+            return fail("--task arithmetic is the generated task: leave out --dataset (or give math, gsm8k, humaneval, mcq)")
+        try:
+            dataset = load_dataset(args.dataset, args.task, args.n)
+        except DatasetError as e:
+            return fail(str(e))
+        task, problems, about = dataset.task, dataset.problems, f"{args.dataset}"
+    else:
+        task = args.task or "arithmetic"
+        if task != "arithmetic":
+            return fail(f"--task {task} needs --dataset FILE (the benchmark's rows); without it the task is arithmetic")
+        problems = task_problems(build_task(task, args.n or 30, args.task_seed))
+        about = f"task seed {args.task_seed}"
     png = eval_png_path(args.out, args.png)
 
     def work(backend: Backend) -> int:
         report = run_eval(
-            backend, problems, config.sampler, task=args.task, seed=config.sampler.seed, methods=methods,
-            progress=progress,
+            backend, problems, config.sampler, eval_config=eval_config, task=task, seed=config.sampler.seed,
+            methods=methods, dataset=args.dataset, progress=progress, show_progress=not args.quiet,
         )  # fmt: skip
         write_json_atomic({**report.to_json(), **_provenance(config)}, args.out)
-        print(f"{args.task}: {len(problems)} problems (task seed {args.task_seed}), answers up to {config.sampler.horizon} tokens")
+        per = f", {eval_config.samples} answers per problem" if eval_config.samples > 1 else ""
+        print(f"{task}: {len(problems)} problems ({about}), answers up to {config.sampler.horizon} tokens{per}")
         print(report.table())
         wrote = [args.out]
         if png:
@@ -192,15 +246,26 @@ def add_validate(sub: Subparsers) -> None:
 
 
 def add_eval(sub: Subparsers) -> None:
-    e = sub.add_parser("eval", help="accuracy on a verifiable task: greedy, temperature 1, tau = 1/alpha, power sampling")
-    e.add_argument("--config", default=None, help="YAML job config (engine, sampler: alpha, steps, horizon)")
-    e.add_argument("--task", default="arithmetic", help="the task (arithmetic: generated word problems, levels 1-3)")
-    e.add_argument("--n", type=int, default=30, help="problems (default 30)")
+    e = sub.add_parser(
+        "eval",
+        help="accuracy and cost on a verifiable task or a benchmark file: greedy, temperature 1, tau = 1/alpha, "
+        "best-of-n, power sampling",
+    )  # fmt: skip
+    e.add_argument("--config", default=None, help="YAML job config (engine, sampler: alpha, steps, horizon; eval: prompts, best_of_n, samples)")
+    e.add_argument("--dataset", default=None, help="benchmark rows (JSONL or Parquet, a path or a URI pyarrow reads); default: the generated arithmetic task")
+    e.add_argument("--task", default=None, choices=("arithmetic", "math", "gsm8k", "humaneval", "mcq"),
+                   help="with --dataset: default inferred from the columns; without it: arithmetic (generated word problems, levels 1-3)")
+    e.add_argument("--n", type=int, default=None, help="the first N problems (default: all of --dataset; 30 generated)")
     e.add_argument("--task-seed", type=int, default=0, help="seed of the generated problems")
     e.add_argument("--seed", type=int, default=None, help="seed of the sampling methods (overrides the config)")
-    e.add_argument("--methods", default=None, help="comma-separated subset of greedy,temperature_1,low_temperature,power")
+    e.add_argument("--samples", type=int, default=None, help="answers per problem of the sampling methods (overrides eval.samples; pass@k)")
+    e.add_argument("--best-of", type=int, default=None, help="best_of_n's candidates (overrides eval.best_of_n)")
+    e.add_argument("--methods", default=None, help="comma-separated subset of greedy,temperature_1,low_temperature,best_of_n,power")
     e.add_argument("--out", default="out/eval.json", help="JSON report (key `methods`); missing folders are created")
-    e.add_argument("--png", default=None, help="plot of accuracy and log-likelihood (default: --out with .png; '' for none)")
+    e.add_argument("--png", default=None, help="plot of accuracy against tokens per problem (default: --out with .png; '' for none)")
+    e.add_argument("--export-gsm8k", default=None, metavar="FILE",
+                   help="write the generated arithmetic problems (--n, --task-seed) as GSM8K JSONL rows and exit")
+    e.add_argument("--quiet", action="store_true", help="no progress bar")
     add_ray_options(e, "run through Ray (replicas and the batching coordinator)")
     e.set_defaults(func=cmd_eval)
 

@@ -14,10 +14,13 @@ class DatasetError(ValueError):
 class Problem:
     """One benchmark problem, whatever its task.
 
-    `prompt` is what a model is asked (the task's instruction included): the seam for running the
-    eval methods on these datasets. `reference` is the reference answer as text: a math answer's
-    LaTeX, GSM8K's number, a multiple-choice letter ("" for code, which is graded by its tests).
-    `fields` holds the task's own data (HumanEval: prompt, test, entry_point; mcq: the choices)."""
+    `prompt` is what a model is asked (the task's instruction included); `presto-ray eval` builds
+    its prompt from `fields["question"]` (the problem's text without the instruction) and the
+    task's template in the YAML (eval_config.py), whose default gives `prompt` again. `reference`
+    is the reference answer as text: a math answer's LaTeX, GSM8K's number, a multiple-choice
+    letter ("" for code, which is graded by its tests). `fields` holds the task's own data
+    (question; HumanEval: prompt, test, entry_point; mcq: the letters and options; a level where
+    the dataset has one)."""
 
     id: str
     task: str

@@ -62,7 +62,7 @@ def problem_from_row(row: dict, problem_id: str, where: str) -> Problem:
     solution = row.get("canonical_solution")
     return Problem(
         problem_id, NAME, prompt, solution if isinstance(solution, str) else "",
-        {"prompt": prompt, "test": test, "entry_point": entry_point},
+        {"question": prompt, "prompt": prompt, "test": test, "entry_point": entry_point},
     )  # fmt: skip
 
 

@@ -51,7 +51,7 @@ def problem_from_row(row: dict, problem_id: str, where: str) -> Problem:
         reference = final_number(text) if re.fullmatch(r"\s*" + _NUMBER + r"\s*", text) else None
     if reference is None:
         raise DatasetError(f"{where}: field 'answer' must end with '#### <number>' (or be a number)")
-    return Problem(problem_id, NAME, f"{question}\n{INSTRUCTION}", reference)
+    return Problem(problem_id, NAME, f"{question}\n{INSTRUCTION}", reference, {"question": question, "level": row.get("level")})
 
 
 def grade(problem: Problem, completion: str) -> Grade:

@@ -54,7 +54,7 @@ def problem_from_row(row: dict, problem_id: str, where: str) -> Problem:
         reference = last_boxed(solution)
         if not reference:
             raise DatasetError(f"{where}: field 'solution' has no \\boxed{{}} answer (and there is no 'answer')")
-    return Problem(problem_id, NAME, f"{problem}\n\n{INSTRUCTION}", reference.strip(), {"level": row.get("level"), "subject": row.get("subject")})
+    return Problem(problem_id, NAME, f"{problem}\n\n{INSTRUCTION}", reference.strip(), {"question": problem, "level": row.get("level"), "subject": row.get("subject")})
 
 
 def equivalent(reference: str, answer: str) -> bool:

@@ -74,7 +74,7 @@ def problem_from_row(row: dict, problem_id: str, where: str) -> Problem:
         if letter not in letters or len(letter) != 1:
             raise DatasetError(f"{where}: field 'answer' is {answer!r}; expected one of the letters {', '.join(letters)}")
         reference = letter
-    return Problem(problem_id, NAME, f"{prompt}\n\n{INSTRUCTION}", reference, {"letters": letters, "options": options})
+    return Problem(problem_id, NAME, f"{prompt}\n\n{INSTRUCTION}", reference, {"question": prompt, "letters": letters, "options": options})
 
 
 def chosen_letter(text: str, letters: str = "ABCD") -> str | None:

@@ -12,8 +12,9 @@ import numpy as np
 from presto_ray.tasks.base import Grade
 
 
-def wilson_interval(successes: int, n: int, z: float = 1.959963984540054) -> tuple[float, float]:
-    """The Wilson score interval of a binomial proportion (95% by default)."""
+def wilson_interval(successes: float, n: int, z: float = 1.959963984540054) -> tuple[float, float]:
+    """The Wilson score interval of a binomial proportion (95% by default); `successes` may be
+    fractional (eval: a mean over several answers per problem, times the problems)."""
     if n == 0:
         return 0.0, 1.0
     p = successes / n
