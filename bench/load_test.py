@@ -12,7 +12,8 @@ a short read timeout). Each round reports throughput, p50/p95/p99 latency and er
   - cancelled work: after the round the coordinator shows no chain active, nothing queued, no
     engine call in flight and no streamed engine request running (GET /v1/stats);
   - memory: the RSS of the service's processes (the Serve ingress replica, the coordinator, the
-    engine replicas) after each round; the second pass must not grow past the first.
+    engine replicas) after each round, once all of them are alive; the second pass must not grow
+    past the first, process by process, and no process may start between them.
 
 The figures are wall clock on whatever machine runs it, with the load generator on the same cores.
 """
@@ -219,24 +220,59 @@ def wait_until_idle(url: str, timeout_s: float = IDLE_TIMEOUT_S) -> tuple[float,
         time.sleep(0.1)
 
 
-def service_rss_mb() -> dict[str, float]:
-    """RSS (MiB) of the service's live Ray actor processes by class: the Serve ingress replicas,
-    the coordinator and the engine replicas (read from /proc: they run on this machine)."""
-    from ray._private.state import actors  # the GCS actor table: the state API needs the dashboard
+SERVICE_ACTORS = ("Coordinator", "EngineReplica")  # with every Serve replica (ServeReplica:app:Deployment)
 
-    rss: dict[str, float] = {}
-    for actor in actors().values():
+
+def _service_actors() -> list[dict]:
+    """The service's Ray actors that are not dead: the Serve replicas, the coordinators and the
+    engine replicas (the GCS actor table: the state API needs the dashboard)."""
+    from ray._private.state import actors
+
+    return [a for a in actors().values() if a["State"] != "DEAD" and (a["ActorClassName"].startswith("ServeReplica") or a["ActorClassName"] in SERVICE_ACTORS)]  # fmt: skip
+
+
+def _rss_mb(pid: int) -> float | None:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:")) / 1024
+    except (OSError, StopIteration):
+        return None
+
+
+def service_processes() -> dict[int, tuple[str, float]]:
+    """The service's live actor processes: pid -> (kind, RSS MiB), kind "ingress" for the Serve
+    replicas, else the actor class (read from /proc: they run on this machine)."""
+    procs = {}
+    for actor in _service_actors():
         name = actor["ActorClassName"]
-        if actor["State"] != "ALIVE" or not (name.startswith("ServeReplica") or name in ("Coordinator", "EngineReplica")):
-            continue
-        kind = "ingress" if name.startswith("ServeReplica") else name
-        try:
-            with open(f"/proc/{actor['Pid']}/status") as f:
-                kib = next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
-        except (OSError, StopIteration):
-            continue
-        rss[kind] = rss.get(kind, 0.0) + kib / 1024
+        if actor["State"] == "ALIVE" and (mb := _rss_mb(actor["Pid"])) is not None:
+            procs[actor["Pid"]] = ("ingress" if name.startswith("ServeReplica") else name, mb)
+    return procs
+
+
+def service_rss_mb() -> dict[str, float]:
+    """RSS (MiB) of the service's live Ray actor processes by kind: the Serve ingress replicas,
+    the coordinator and the engine replicas."""
+    rss: dict[str, float] = {}
+    for kind, mb in service_processes().values():
+        rss[kind] = rss.get(kind, 0.0) + mb
     return rss
+
+
+def wait_until_started(timeout_s: float = IDLE_TIMEOUT_S) -> float:
+    """Seconds until every actor of the service is alive. serve.run returns once the Serve
+    replicas are up, but the coordinators they start may still be starting (PENDING_CREATION:
+    an application that has served nothing yet): one that comes alive after the first pass's
+    measurement adds its whole RSS (about 250 MiB on the toy) to the second's, which reads as
+    11% growth."""
+    started = time.perf_counter()
+    while True:
+        pending = [a["ActorClassName"] for a in _service_actors() if a["State"] != "ALIVE"]
+        if not pending:
+            return time.perf_counter() - started
+        if time.perf_counter() - started > timeout_s:
+            raise RuntimeError(f"the service's actors are not all alive {timeout_s:.0f} s after it started: {pending}")
+        time.sleep(0.1)
 
 
 def run_rounds(
@@ -246,8 +282,11 @@ def run_rounds(
     passes: int,
     memory: Callable[[], dict[str, float]] = service_rss_mb,
     progress: Callable[[str], None] = print,
+    processes: Callable[[], dict[int, tuple[str, float]]] = service_processes,
 ) -> list[dict]:
-    """Every client count for `duration_s`, `passes` times over, against the service at `url`."""
+    """Every client count for `duration_s`, `passes` times over, against the service at `url`
+    (once every actor of the service is alive)."""
+    wait_until_started()
     rows = []
     seed = 1
     for p in range(1, passes + 1):
@@ -260,7 +299,7 @@ def run_rounds(
             idle_after_s, after = wait_until_idle(url)
             duplicated = len(result.ids) - len(set(result.ids))
             lost = result.sent - (result.answered + result.left + len(result.errors) + len(result.problems))
-            rss = memory()
+            rss, procs = memory(), processes()
             row = {
                 "pass": p,
                 "clients": clients,
@@ -289,6 +328,8 @@ def run_rounds(
                 "stream_aborts": after["stream_aborts"] - before["stream_aborts"],
                 "service_rss_mb": sum(rss.values()),
                 "rss_mb_by_process": rss,
+                # the same by process (pid -> [kind, MiB]): the memory verdict compares processes
+                "processes": {str(pid): [kind, mb] for pid, (kind, mb) in procs.items()},
             }
             rows.append(row)
             progress(
@@ -299,13 +340,26 @@ def run_rounds(
 
 
 def memory_verdict(rows: list[dict]) -> dict:
-    """The RSS at the end of the last pass against the end of the first (same load behind each)."""
+    """The RSS at the end of the last pass against the end of the first (same load behind each),
+    over the processes alive at both ends: a process that started between them (a replica that
+    restarted, an actor that came alive late) has no first figure to grow from, so it is named in
+    `started` and fails the verdict rather than reading as growth; one that went is named in
+    `gone`. Rows without `processes` (older reports) compare the service's sums."""
     first_pass, last_pass = rows[0]["pass"], rows[-1]["pass"]
-    first = [r["service_rss_mb"] for r in rows if r["pass"] == first_pass][-1]
-    last = [r["service_rss_mb"] for r in rows if r["pass"] == last_pass][-1]
+    first_row = [r for r in rows if r["pass"] == first_pass][-1]
+    last_row = [r for r in rows if r["pass"] == last_pass][-1]
+    started, gone = {}, {}
+    if "processes" in first_row and "processes" in last_row:
+        before, after = first_row["processes"], last_row["processes"]
+        both = before.keys() & after.keys()
+        first, last = sum(before[p][1] for p in both), sum(after[p][1] for p in both)
+        started = {p: after[p] for p in after.keys() - before.keys()}
+        gone = {p: before[p] for p in before.keys() - after.keys()}
+    else:
+        first, last = first_row["service_rss_mb"], last_row["service_rss_mb"]
     allowed = max(MEMORY_GROWTH_LIMIT * first, MEMORY_GROWTH_FLOOR_MB)
     return {"first_pass_end_mb": first, "last_pass_end_mb": last, "growth_mb": last - first, "allowed_growth_mb": allowed,
-            "flat": last - first <= allowed}  # fmt: skip
+            "started": started, "gone": gone, "flat": last - first <= allowed and not started}  # fmt: skip
 
 
 def verdict(rows: list[dict]) -> dict:
@@ -376,9 +430,158 @@ def format_report(report: dict) -> str:
         f"service RSS: {m['first_pass_end_mb']:.0f} MiB after pass 1, {m['last_pass_end_mb']:.0f} MiB after the last "
         f"(growth {m['growth_mb']:+.0f} MiB, allowed {m['allowed_growth_mb']:.0f}): flat = {m['flat']}",
     ]
+    if m.get("started"):
+        lines.append("processes started between the first pass and the last: " + ", ".join(f"{kind} (pid {pid}, {mb:.0f} MiB)" for pid, (kind, mb) in m["started"].items()))
     return "\n".join(lines)
 
 
 def passed(report: dict) -> bool:
     v = report["verdict"]
     return v["no_errors"] and v["nothing_lost_or_duplicated"] and v["work_cancelled"] and v["memory"]["flat"]
+
+
+# --- soak: many mixed requests, the ingress replica's RSS sampled over time ----------------------
+# requests the service must refuse (4xx), mixed in with the good ones: what an attacker probe sends
+BAD_REQUESTS: list[tuple[str, str, bytes, dict[str, str]]] = [
+    ("POST", "/v1/completions", b'{"prompt": "hi", ', {"content-type": "application/json"}),
+    ("POST", "/v1/completions", b'{"prompt":"hi","max_tokens":-5,"max_tokens":8}', {"content-type": "application/json"}),
+    ("POST", "/v1/completions", b'{"prompt":"hi","mh_step":5}', {"content-type": "application/json"}),
+    ("POST", "/v1/chat/completions", b'{"messages":[{"role":"user","contnet":"hi"}]}', {"content-type": "application/json"}),
+    ("POST", "/v1/completions", '{"prompt":"hi"}'.encode("utf-16"), {"content-type": "application/json"}),
+    ("POST", "/v1/completions", b'{"prompt":"hi"}', {"content-type": "text/plain"}),
+    ("GET", "/v1/nothing", b"", {}),
+    ("GET", "/v1/completions", b"", {}),
+    ("GET", "/v1/models", b"", {"x-big": "a" * 100_000}),
+]  # fmt: skip
+SOAK_BAD_EVERY = 3  # one request in this many is a bad one
+
+
+async def _soak_clients(url: str, clients: int, total: int, result: Round, bad: dict[str, int]) -> None:
+    import httpx
+
+    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+    counter = iter(range(total))
+
+    async def client(c: int, http) -> None:
+        for i in counter:  # shared: `total` requests over all clients
+            if i % SOAK_BAD_EVERY == SOAK_BAD_EVERY - 1:
+                method, path, body, headers = BAD_REQUESTS[(i // SOAK_BAD_EVERY) % len(BAD_REQUESTS)]
+                try:
+                    r = await http.request(method, f"{url}{path}", content=body or None, headers=headers, timeout=REQUEST_TIMEOUT_S)
+                    key = str(r.status_code)
+                    if r.status_code >= 500 or "error" not in r.json():
+                        result.problems.append(f"bad request {method} {path}: {r.status_code} {r.text[:200]}")
+                except (httpx.HTTPError, ValueError) as e:
+                    key = type(e).__name__
+                    result.problems.append(f"bad request {method} {path}: {key}")
+                bad[key] = bad.get(key, 0) + 1
+                continue
+            kind, n = MIX[i % len(MIX)]
+            await _one_request(http, url, kind, n, 1 + i, result)
+
+    async with httpx.AsyncClient(limits=limits, trust_env=False) as http:
+        await asyncio.gather(*(client(c, http) for c in range(clients)))
+
+
+def rss_by_actor_class() -> dict[str, float]:
+    """RSS (MiB) of the service's live actor processes by class, the Serve ingress replicas
+    (PrestoIngress) apart from the sampling pool's replica (service_rss_mb counts both as ingress)."""
+    rss: dict[str, float] = {}
+    for actor in _service_actors():
+        if actor["State"] == "ALIVE" and (mb := _rss_mb(actor["Pid"])) is not None:
+            kind = actor["ActorClassName"].rsplit(":", 1)[-1]  # PrestoIngress, SamplingPool, Coordinator, EngineReplica
+            rss[kind] = rss.get(kind, 0.0) + mb
+    return rss
+
+
+def run_soak_rounds(
+    url: str, total: int, clients: int, sample_every_s: float, memory: Callable[[], dict[str, float]] = rss_by_actor_class,
+    progress: Callable[[str], None] = print,
+) -> dict:
+    """`total` mixed requests (good, leaving, bad) from `clients` concurrent clients; the service's
+    RSS by process every `sample_every_s` seconds, with how many requests were done by then."""
+    wait_until_started()
+    result, bad, samples = Round(), dict[str, int](), list[dict]()
+    started = time.perf_counter()
+
+    async def main() -> None:
+        work = asyncio.ensure_future(_soak_clients(url, clients, total, result, bad))
+        while True:
+            rss = await asyncio.to_thread(memory)
+            done = result.answered + result.left + len(result.errors) + len(result.problems) + sum(bad.values())
+            samples.append({"t_s": time.perf_counter() - started, "requests_done": done, "ingress_rss_mb": rss.get("PrestoIngress", 0.0),
+                            "rss_mb_by_process": rss})  # fmt: skip
+            progress(f"{samples[-1]['t_s']:7.1f} s  {done:6d} done  RSS MiB " + ", ".join(f"{k} {v:.1f}" for k, v in sorted(rss.items())))
+            if work.done():
+                await work
+                return
+            await asyncio.wait([work], timeout=sample_every_s)
+
+    asyncio.run(main())
+    idle_after_s, _ = wait_until_idle(url)
+    rss = memory()
+    samples.append({"t_s": time.perf_counter() - started, "requests_done": total, "ingress_rss_mb": rss.get("PrestoIngress", 0.0),
+                    "rss_mb_by_process": rss, "after_idle": True})  # fmt: skip
+    return {
+        "total_requests": total, "clients": clients, "answered": result.answered, "left": result.left,
+        "bad_requests_by_status": bad, "errors": len(result.errors) + len(result.problems),
+        "error_samples": (result.errors + result.problems)[:5], "duplicated": len(result.ids) - len(set(result.ids)),
+        "idle_after_s": idle_after_s, "samples": samples, "verdict": soak_verdict(samples),
+    }  # fmt: skip
+
+
+def soak_verdict(samples: list[dict]) -> dict:
+    """Does the ingress RSS level off? Its growth over the second half of the run (by requests
+    done) against the first half's; flat when the second half grows at most a quarter as much
+    or under MEMORY_GROWTH_FLOOR_MB."""
+    points = [(s["requests_done"], s["ingress_rss_mb"]) for s in samples]
+    start, end = points[0][1], points[-1][1]
+    half = points[-1][0] / 2
+    middle = min(points, key=lambda p: abs(p[0] - half))[1]
+    first_half, second_half = middle - start, end - middle
+    levels_off = second_half <= max(0.25 * max(first_half, 0.0), MEMORY_GROWTH_FLOOR_MB)
+    return {"start_mb": start, "middle_mb": middle, "end_mb": end, "first_half_growth_mb": first_half,
+            "second_half_growth_mb": second_half, "levels_off": levels_off}  # fmt: skip
+
+
+def run_soak(total: int, clients: int, sample_every_s: float = 5.0, out_json: str | Path | None = None) -> dict:
+    """Start the toy service on 127.0.0.1 (its own local Ray), soak it, stop everything."""
+    import ray
+    from ray import serve
+
+    from deployments.serve_app import PROXY_CALLBACK, PROXY_CALLBACK_ENV, app_for
+    from presto_ray.job import JobConfig
+
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    os.environ.setdefault(PROXY_CALLBACK_ENV, PROXY_CALLBACK)
+    config = JobConfig.model_validate(TOY_SERVICE)
+    port = _free_port()
+    ray.init(address="local", include_dashboard=False, configure_logging=False, log_to_driver=False)
+    try:
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        serve.run(app_for(config), name="soak", route_prefix="/")
+        soak = run_soak_rounds(f"http://127.0.0.1:{port}", total, clients, sample_every_s)
+    finally:
+        serve.shutdown()
+        ray.shutdown()
+    report = {
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"), "version": __version__,
+        "machine": {"cpus": os.cpu_count(), "load_average_at_end": os.getloadavg()}, "service": TOY_SERVICE,
+        "mix": MIX, "bad_every": SOAK_BAD_EVERY, "figures": "wall clock, this machine", **soak,
+    }  # fmt: skip
+    if out_json:
+        write_json_atomic(report, out_json)
+    return report
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Soak the toy service: RSS of the ingress over time.")
+    parser.add_argument("--soak", type=int, default=4000, help="requests in all")
+    parser.add_argument("--clients", type=int, default=16)
+    parser.add_argument("--sample-every", type=float, default=5.0)
+    parser.add_argument("--out", default="bench/results/soak.json")
+    args = parser.parse_args()
+    soaked = run_soak(args.soak, args.clients, args.sample_every, args.out)
+    print(json.dumps({k: soaked[k] for k in ("answered", "left", "errors", "bad_requests_by_status", "verdict")}, indent=1))

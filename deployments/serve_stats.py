@@ -9,7 +9,8 @@ from actors.coordinator_stats import CoordinatorSnapshot
 from presto_ray.openai.protocol import StatsResponse
 
 
-def stats_response(snapshot: CoordinatorSnapshot) -> StatsResponse:
+def stats_response(snapshot: CoordinatorSnapshot, client_disconnects: int = 0) -> StatsResponse:
+    """`client_disconnects`: the ingress's count (the sampling pool sums every replica's)."""
     counters, accounting = snapshot.counters, snapshot.accounting
     return StatsResponse(
         submitted_requests=counters.submitted_requests,
@@ -44,4 +45,5 @@ def stats_response(snapshot: CoordinatorSnapshot) -> StatsResponse:
         chains_active=snapshot.chains_active,
         coordinator_shards=snapshot.shards,
         streams_running=snapshot.streams_running,
+        client_disconnects=client_disconnects,
     )

@@ -47,6 +47,12 @@ class ServeConfig(BaseModel):
     )
     max_ongoing_requests: int = Field(1024, ge=1, description="Requests one ingress replica holds at once.")
     max_body_bytes: int = Field(1_000_000, ge=1024, description="Larger request bodies get 413.")
+    max_headers: int = Field(100, ge=8, description="Requests with more headers get 431.")
+    max_header_bytes: int = Field(16384, ge=1024, description="Requests whose headers (names and values) are larger get 431.")
+    request_read_timeout_s: float = Field(
+        10.0, gt=0, description="Seconds the ingress waits for a request's body once its headers arrived; "
+        "a slower (or stalled) body gets 408 and the connection is closed."
+    )
     default_max_tokens: int = Field(64, ge=1, description="max_tokens when a request names none.")
     max_tokens_limit: int = Field(2048, ge=1, description="Largest max_tokens (horizon) a request may ask for.")
     max_n: int = Field(16, ge=1, description="Most chains (choices) per request.")

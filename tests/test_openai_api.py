@@ -347,7 +347,7 @@ STATS_KEYS = [
     "stream_aborts", "calls", "num_requests", "prompt_tokens", "cached_prompt_tokens", "generated_tokens",
     "scoring_tokens", "scoring_time_s", "wall_time_s", "requests_per_call", "cached_token_share", "calls_per_replica",
     "inflight_calls_per_replica", "inflight_requests_per_replica", "healthy", "active_replicas", "ongoing_requests",
-    "queue_depth", "chains_active", "coordinator_shards", "streams_running",
+    "queue_depth", "chains_active", "coordinator_shards", "streams_running", "client_disconnects",
 ]  # fmt: skip
 
 
@@ -646,3 +646,119 @@ def test_the_route_schema_lists_every_field_with_the_samplers_limits():
         assert {"n", "seed", "max_tokens", "temperature", "stream", "stream_options", "logprobs"} <= set(fields)
         assert fields["logprobs"]["description"] and ("messages" if chat else "prompt") in schema["required"]
         assert set(route["responses"]) == {200, 400, 401, 404, 413, 415, 500}
+
+
+# --- attacker probe (issue "Nothing lost, nothing twice, no traceback") ------------------------
+@pytest.mark.parametrize("key", ["contnet", "name", "tool_calls"])
+def test_unknown_keys_inside_chat_messages_are_a_400_naming_them(key):
+    messages = [{"role": "user", "content": "hi", key: "x"}]
+    error = api_error({"model": "toy", "messages": messages}, chat=True)
+    assert (error.status, error.param) == (400, "messages") and error.message.startswith(f"messages.0.{key}: "), error.message
+
+
+@pytest.mark.parametrize(
+    "raw,key",
+    [
+        (b'{"prompt":"hi","max_tokens":-5,"max_tokens":8}', "max_tokens"),
+        (b'{"prompt":"hi","max_tokens":8,"stream":true,"stream_options":{"include_usage":true,"include_usage":false}}', "include_usage"),
+    ],
+    ids=["top-level", "nested"],
+)
+def test_duplicate_json_keys_are_refused(raw, key):
+    error = api_error(raw)
+    assert error.status == 400 and "more than once" in error.message and key in error.message
+
+
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-16-le", "utf-32", "latin-1", "utf-8-sig"])
+def test_only_utf8_json_bodies_are_read(encoding):
+    raw = json.dumps({**GOOD, "prompt": "caf\u00e9"}, ensure_ascii=False).encode(encoding)
+    error = api_error(raw)
+    assert error.status == 400 and "UTF-8" in error.message, error.message
+
+
+@pytest.mark.parametrize("content_type", ["application/json; charset=latin-1", "application/json;charset=utf-16"])
+def test_a_charset_other_than_utf8_is_a_415(content_type):
+    with pytest.raises(ApiError) as caught:
+        check_content_type(content_type)
+    assert caught.value.status == 415 and "UTF-8" in caught.value.message
+    check_content_type("application/json; charset=UTF-8")
+
+
+@pytest.mark.parametrize(
+    "body,chat,param",
+    [
+        ({**GOOD, "stream": True, "stream_options": "yes"}, False, "stream_options"),
+        ({"model": "toy", "messages": ["hi"]}, True, "messages"),
+        ({"model": "toy", "messages": [["user", "hi"]]}, True, "messages"),
+        ({**GOOD, "prompt": {"text": "hi"}}, False, "prompt"),
+    ],
+    ids=["stream-options", "message-string", "message-list", "prompt-object"],
+)
+def test_400_messages_name_the_field_path_not_pydantic_classes(body, chat, param):
+    error = api_error(body, chat)
+    assert error.param == param and error.message.startswith(param)
+    for internal in ("StreamOptions", "ChatMessage", "CompletionRequest", "ChatRequest", "_Request", "instance of"):
+        assert internal not in error.message, error.message
+
+
+@pytest.mark.parametrize(
+    "field,value,limit",
+    [("mh_steps", 1_000_000, 1000), ("mh_steps", 5000, 1000), ("prefetch_budget", 100_000, 256), ("prefetch_budget", 300, 256)],
+)
+def test_over_limit_steps_and_budgets_cite_the_services_limit(field, value, limit):
+    error = api_error({**GOOD, field: value})
+    assert error.param == field and f"at most {limit} " in error.message and f"serve.max_{field}" in error.message, error.message
+
+
+def test_a_one_token_prompt_is_one_token():
+    error = api_error({**GOOD, "prompt": [5], "max_tokens": 512})
+    assert "prompt (1 token) + max_tokens (512)" in error.message, error.message
+    assert "prompt (2 tokens)" in api_error({**GOOD, "prompt": [5, 6], "max_tokens": 511}).message
+
+
+def test_routing_errors_have_the_openai_shape():
+    from presto_ray.openai import http_error
+
+    for status, kind in ((404, "not_found_error"), (405, "invalid_request_error")):
+        body = http_error(status, "Not Found").body()
+        assert set(body) == {"error"} and body["error"]["type"] == kind and body["error"]["message"]
+    assert http_error(405, headers={"Allow": "POST"}).headers == {"Allow": "POST"}
+
+
+@pytest.mark.parametrize(
+    "value,safe",
+    [("abc-123_X.y", True), ("a" * 64, True), ("a" * 65, False), ("", False), (None, False), ("<script>", False),
+     ("id with space", False), ("id\r\nSet-Cookie: x", False), ("caf\u00e9", False)],
+)  # fmt: skip
+def test_only_safe_client_request_ids_are_kept(value, safe):
+    from presto_ray.openai import safe_request_id
+
+    assert safe_request_id(value) == (value if safe else None)
+
+
+def test_header_bounds_and_single_headers():
+    from presto_ray.openai import check_headers
+
+    fine = [(b"host", b"x"), (b"authorization", b"Bearer k"), (b"content-type", b"application/json")]
+    check_headers(fine, max_count=100, max_bytes=16384)
+    for headers, status in [
+        ([(b"x-big", b"a" * 1_000_000)], 431),
+        ([(f"x-h{i}".encode(), b"v") for i in range(2000)], 431),
+        ([(b"authorization", b"Bearer k"), (b"Authorization", b"Bearer x")], 400),
+        ([(b"content-length", b"8"), (b"content-length", b"9")], 400),
+    ]:
+        with pytest.raises(ApiError) as caught:
+            check_headers(headers, max_count=100, max_bytes=16384)
+        assert caught.value.status == status
+
+
+def test_a_client_that_disconnects_is_one_log_line_without_a_traceback(caplog):
+    import logging
+
+    from presto_ray.openai import client_disconnected
+
+    with caplog.at_level(logging.INFO, logger="presto_ray.serve"):
+        client_disconnected("cmpl-abc", "before its answer")
+    (record,) = caplog.records
+    assert record.levelno < logging.WARNING and record.exc_info is None
+    assert "cmpl-abc" in record.getMessage() and "err-" not in record.getMessage()

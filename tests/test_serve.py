@@ -4,6 +4,7 @@ the real `openai` client (and raw HTTP for bad input): samples equal the in-proc
 from __future__ import annotations
 
 import json
+import os
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -14,6 +15,12 @@ from presto_ray.job import JobConfig
 from presto_ray.keys import derive_seed
 from presto_ray.openai import StatsResponse
 
+# Serve's proxy runs deployments.serve_app's middlewares (the client's X-Request-Id checked) when
+# this is set where Ray starts, as `presto-ray serve` sets it: the session's Ray starts after collection
+os.environ.setdefault("RAY_SERVE_HTTP_PROXY_CALLBACK_IMPORT_PATH", "deployments.serve_app:proxy_middlewares")
+os.environ.setdefault("PRESTO_RAY_HEADER_TIMEOUT_S", "3")  # the proxy's bound on sending headers, read there
+READ_TIMEOUT_S = 3.0
+
 ray = pytest.importorskip("ray")
 openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
@@ -23,7 +30,7 @@ st = hypothesis.strategies
 TOY = {
     "engine": {"kind": "toy", "vocab_size": 48, "logit_scale": 3.0, "eos_bias": -2.0, "max_model_len": 512},
     "sampler": {"block_size": 8, "mh_steps": 4, "prefetch_budget": 4, "seed": 0, "schedule": "rounds"},
-    "serve": {},
+    "serve": {"request_read_timeout_s": READ_TIMEOUT_S},
 }
 KEY = "test-secret"
 
@@ -567,11 +574,346 @@ def test_the_load_test_script_on_the_toy_service(toy_service):
         assert row["chains_expired"] == 0 and row["idle_after_s"] < 20, row
         assert {"ingress", "Coordinator", "EngineReplica"} <= set(row["rss_mb_by_process"]) == set(service_rss_mb())
         assert row["service_rss_mb"] > 0, row
+        assert sum(mb for _, mb in row["processes"].values()) == pytest.approx(row["service_rss_mb"], abs=64)
     # the second pass (same load, the first pass's warm-up behind it) ends within the allowed
-    # growth of the first: the service's RSS, measured after each pass
+    # growth of the first: the RSS of the same processes (all alive before the first pass),
+    # measured after each pass, none started in between
     memory = verdict(rows)["memory"]
-    assert memory["flat"] and memory["growth_mb"] <= memory["allowed_growth_mb"], memory
-    # and the verdict is a comparison that fails on a leak: the same passes, the second ending
-    # just past the allowance, are not flat
-    leaked = [rows[0], {**rows[1], "service_rss_mb": rows[0]["service_rss_mb"] + memory["allowed_growth_mb"] + 1}]
-    assert not memory_verdict(leaked)["flat"]
+    assert memory["flat"] and memory["growth_mb"] <= memory["allowed_growth_mb"] and not memory["started"], memory
+    # and the verdict is a comparison that fails on a leak: the same passes, one process of the
+    # second ending just past the allowance, are not flat
+    pid, (kind, mb) = next(iter(rows[0]["processes"].items()))
+    leaked = {**rows[0]["processes"], pid: [kind, mb + memory["allowed_growth_mb"] + 1]}
+    assert not memory_verdict([rows[0], {**rows[0], "pass": 2, "processes": leaked}])["flat"]
+
+
+def test_the_memory_verdict_compares_the_same_processes():
+    """A process that was not alive at the first pass's end (an actor that came alive late, a
+    restarted replica) is named and fails the verdict; it is not read as the others' growth."""
+    from bench.load_test import memory_verdict
+
+    first = {"pass": 1, "service_rss_mb": 2000.0, "processes": {"1": ["ingress", 1000.0], "2": ["Coordinator", 1000.0]}}
+    same = {"pass": 2, "service_rss_mb": 2100.0, "processes": {"1": ["ingress", 1050.0], "2": ["Coordinator", 1050.0]}}
+    assert memory_verdict([first, same]) | {"flat": True, "growth_mb": 100.0, "allowed_growth_mb": 200.0} == memory_verdict([first, same])
+    late = {**same, "service_rss_mb": 2350.0, "processes": {**same["processes"], "3": ["Coordinator", 250.0]}}
+    verdict = memory_verdict([first, late])
+    assert verdict["growth_mb"] == 100.0 and verdict["started"] == {"3": ["Coordinator", 250.0]} and not verdict["flat"]
+    grown = {**same, "processes": {"1": ["ingress", 1000.0], "2": ["Coordinator", 1201.0]}}
+    assert not memory_verdict([first, grown])["flat"]  # 201 MiB over 2,000: past the 10%
+    # rows without processes (older reports): the sums, as before
+    assert not memory_verdict([{"pass": 1, "service_rss_mb": 2000.0}, {"pass": 2, "service_rss_mb": 2201.0}])["flat"]
+
+
+# --- attacker probe (issue "Nothing lost, nothing twice, no traceback"): over the real proxy ----
+def openai_error(response, status: int) -> dict:
+    """The answer is `status` with OpenAI's error body (never Starlette's {"detail": ...})."""
+    assert response.status_code == status, (response.status_code, response.text)
+    body = response.json()
+    assert set(body) == {"error"} and body["error"]["message"] and body["error"]["type"], body
+    return body["error"]
+
+
+def test_bodies_the_docs_refuse_are_refused_over_http(toy_service):
+    url, _ = toy_service
+    headers = {"content-type": "application/json"}
+    post = lambda path, raw, h=headers: httpx.post(f"{url}{path}", content=raw, headers=h, timeout=60)  # noqa: E731
+    for key in ("contnet", "name", "tool_calls"):
+        chat = json.dumps({"messages": [{"role": "user", "content": "hi", key: "x"}], "max_tokens": 8}).encode()
+        assert f"messages.0.{key}" in openai_error(post("/v1/chat/completions", chat), 400)["message"]
+    error = openai_error(post("/v1/completions", b'{"prompt":"hi","max_tokens":-5,"max_tokens":8}'), 400)
+    assert "more than once" in error["message"]
+    utf16 = json.dumps(GOOD).encode("utf-16")
+    assert "UTF-8" in openai_error(post("/v1/completions", utf16), 400)["message"]
+    latin = {"content-type": "application/json; charset=latin-1"}
+    assert "UTF-8" in openai_error(post("/v1/completions", json.dumps(GOOD).encode(), latin), 415)["message"]
+    error = openai_error(httpx.post(f"{url}/v1/completions", json={**GOOD, "mh_steps": 10**6}, timeout=60), 400)
+    assert "at most 1000" in error["message"] and "serve.max_mh_steps" in error["message"]
+    assert httpx.post(f"{url}/v1/completions", json=GOOD, timeout=60).status_code == 200  # and the service serves on
+
+
+def test_header_bounds_and_a_second_authorization(toy_service, serve_base_url):
+    url, _ = toy_service
+    assert "limit" in openai_error(httpx.get(f"{url}/v1/models", headers={"x-big": "a" * 1_000_000}, timeout=60), 431)["message"]
+    many = [(f"x-h{i}", "v") for i in range(2000)]
+    assert "headers" in openai_error(httpx.get(f"{url}/v1/models", headers=many, timeout=60), 431)["message"]
+    secured = f"{serve_base_url}/secured"
+    for pair in ([f"Bearer {KEY}", "Bearer wrong"], ["Bearer wrong", f"Bearer {KEY}"]):
+        r = httpx.get(f"{secured}/v1/models", headers=[("authorization", v) for v in pair], timeout=60)
+        assert "authorization" in openai_error(r, 400)["message"]
+    assert httpx.get(f"{secured}/v1/models", headers={"authorization": f"Bearer {KEY}"}, timeout=60).status_code == 200
+
+
+def test_routing_errors_have_the_openai_shape_and_no_redirect(toy_service):
+    url, _ = toy_service
+    assert openai_error(httpx.get(f"{url}/v1/nothing-here", timeout=60), 404)["type"] == "not_found_error"
+    r = httpx.get(f"{url}/v1/completions", timeout=60)
+    openai_error(r, 405)
+    assert r.headers["allow"] == "POST"
+    r = httpx.post(f"{url}/v1/completions/", json=GOOD, headers={"host": "evil.example"}, timeout=60, follow_redirects=False)
+    openai_error(r, 404)
+    assert "location" not in r.headers
+
+
+def test_only_safe_client_request_ids_are_echoed(toy_service):
+    import re
+
+    url, _ = toy_service
+    r = httpx.get(f"{url}/health", headers={"x-request-id": "client-id_1.2"}, timeout=60)
+    assert r.headers["x-request-id"] == "client-id_1.2"
+    for unsafe in ("<script>alert(1)</script>", "a" * 65, "has space", "{\"json\":1}"):
+        r = httpx.get(f"{url}/health", headers={"x-request-id": unsafe}, timeout=60)
+        assert r.status_code == 200 and r.headers["x-request-id"] != unsafe, unsafe
+        assert re.fullmatch(r"[A-Za-z0-9._-]{1,64}", r.headers["x-request-id"]), r.headers["x-request-id"]
+
+
+def _raw_request(host: str, port: int, head: bytes, timeout: float):
+    import socket
+
+    s = socket.create_connection((host, port), timeout=timeout)
+    s.sendall(head)
+    return s
+
+
+def _read_until_closed(s, deadline: float) -> bytes:
+    """What the server sends until it closes the connection or time.monotonic() passes `deadline`."""
+    import socket
+    import time
+
+    data = b""
+    while time.monotonic() < deadline:
+        s.settimeout(max(0.1, deadline - time.monotonic()))
+        try:
+            chunk = s.recv(65536)
+        except socket.timeout:
+            break
+        if not chunk:
+            return data + b"<closed>"
+        data += chunk
+    return data
+
+
+def test_stalled_bodies_get_a_408_and_do_not_keep_good_requests_out(toy_service):
+    """N connections send their headers (Content-Length: 100) and no body: a good request is
+    answered at once meanwhile, and each stalled one gets 408 and is closed within the bound."""
+    import time
+    from urllib.parse import urlparse
+
+    url, _ = toy_service
+    parsed = urlparse(url)
+    head = (
+        f"POST {parsed.path}/v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        "Content-Length: 100\r\n\r\n"
+    ).encode()
+    stalled = [_raw_request(parsed.hostname, parsed.port, head, 30) for _ in range(32)]
+    started = time.monotonic()
+    try:
+        time.sleep(0.5)  # every stalled request has reached the ingress
+        good = httpx.post(f"{url}/v1/completions", json=GOOD, timeout=60)
+        assert good.status_code == 200 and time.monotonic() - started < READ_TIMEOUT_S, time.monotonic() - started
+        deadline = started + READ_TIMEOUT_S + 10  # one bound for all of them
+        answers = [_read_until_closed(s, deadline) for s in stalled]
+        took = time.monotonic() - started
+    finally:
+        for s in stalled:
+            s.close()
+    for answer in answers:
+        assert answer.startswith(b"HTTP/1.1 408") and b'"timeout_error"' in answer and answer.endswith(b"<closed>"), answer[:300]
+    assert took < READ_TIMEOUT_S + 10, took
+
+
+def _ingress_logs(app: str) -> dict[str, str]:
+    """The stderr and stdout of `app`'s ingress replicas (Ray's worker logs, where the replica's
+    presto_ray.serve log goes), by file."""
+    import glob
+
+    from ray._private import worker
+    from ray._private.state import actors
+
+    logs_dir = worker._global_node.get_logs_dir_path()  # this session's (session_latest may be another Ray's)
+
+    pids = [a["Pid"] for a in actors().values() if a["State"] == "ALIVE" and a["ActorClassName"] == f"ServeReplica:{app}:PrestoIngress"]
+    logs = {}
+    paths = glob.glob(f"{logs_dir}/serve/replica_{app}_PrestoIngress_*.log")
+    for pid in pids:
+        paths += glob.glob(f"{logs_dir}/worker-*-{pid}.*")
+    for path in paths:
+        with open(path, errors="replace") as f:
+            logs[path] = f.read()
+    return logs
+
+
+def test_a_client_that_disconnects_is_logged_and_counted_without_a_traceback(toy_service):
+    import time
+
+    url, _ = toy_service
+    before_logs, before = _ingress_logs("toy"), httpx.get(f"{url}/v1/stats", timeout=10).json()
+    check_a_disconnect_stops_its_chains(url)  # a stream closed, then a whole answer given up on
+    time.sleep(2.0)  # the replicas' logs are flushed
+    new = "".join(text[len(before_logs.get(path, "")):] for path, text in _ingress_logs("toy").items())
+    assert "Traceback" not in new and "err-" not in new, new[-3000:]
+    assert new.count("client disconnected") >= 2, new[-3000:]
+    after = httpx.get(f"{url}/v1/stats", timeout=10).json()
+    assert after["client_disconnects"] - before["client_disconnects"] >= 2, (before["client_disconnects"], after["client_disconnects"])
+
+
+# --- stalled headers: the proxy's uvicorn bounds the time to send them ---------------------------
+HEADER_TIMEOUT_S = float(os.environ["PRESTO_RAY_HEADER_TIMEOUT_S"])
+PARTIAL_HEAD = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: appl"
+
+
+@pytest.fixture(params=["httptools", "h11"])
+def bounded_uvicorn(request):
+    """uvicorn (as in Serve's proxy) with each HTTP protocol bounded by bounded_headers_protocol
+    at 0.5 s, serving a small ASGI app in a thread; yields (host, port)."""
+    import socket
+    import threading
+    import time
+
+    uvicorn = pytest.importorskip("uvicorn")
+    from deployments.serve_app import bounded_headers_protocol
+
+    if request.param == "httptools":
+        pytest.importorskip("httptools")
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as base
+    else:
+        from uvicorn.protocols.http.h11_impl import H11Protocol as base
+
+    async def app(scope, receive, send):
+        body = b""
+        while True:
+            message = await receive()
+            body += message.get("body", b"")
+            if not message.get("more_body"):
+                break
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", str(len(body) + 2).encode())]})
+        await send({"type": "http.response.body", "body": b"ok" + body})
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    protocol = bounded_headers_protocol(base, 0.5)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, http=protocol, lifespan="off", log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    yield "127.0.0.1", port
+    server.should_exit = True
+    thread.join(10)
+
+
+def test_uvicorn_with_bounded_headers_closes_stalled_heads_and_serves_the_rest(bounded_uvicorn):
+    """A connection that sends nothing, or part of its headers, gets 408 and is closed at the
+    bound; a slow body is not the proxy's to bound (the ingress answers it 408); a kept-alive
+    connection idles as uvicorn lets it, and its next request's headers get the same bound."""
+    import time
+
+    host, port = bounded_uvicorn
+    started = time.monotonic()
+    silent, partial = _raw_request(host, port, b"", 5), _raw_request(host, port, PARTIAL_HEAD, 5)
+    for s in (silent, partial):
+        answer = _read_until_closed(s, started + 3)
+        assert answer.startswith(b"HTTP/1.1 408") and b'"timeout_error"' in answer and answer.endswith(b"<closed>"), answer
+        s.close()
+    assert time.monotonic() - started < 2.0
+    # headers in time, the body after the bound: answered
+    s = _raw_request(host, port, b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n", 5)
+    time.sleep(0.8)
+    s.sendall(b"hi")
+    assert _read_until_closed(s, time.monotonic() + 0.5).startswith(b"HTTP/1.1 200")
+    # kept alive past the bound, then a next request whose headers stall: 408, closed
+    time.sleep(0.8)
+    s.sendall(b"GET / HTTP")
+    answer = _read_until_closed(s, time.monotonic() + 2)
+    s.close()
+    assert answer.startswith(b"HTTP/1.1 408") and answer.endswith(b"<closed>"), answer
+
+
+def test_stalled_headers_are_closed_by_the_proxy_and_do_not_keep_good_requests_out(toy_service):
+    """Over Serve's proxy (its uvicorn given bounded_headers_protocol by proxy_middlewares): N
+    connections that send part of their headers and stall, and N that send nothing; a good
+    request is answered at once meanwhile, and each stalled one gets 408 and is closed within
+    the bound (PRESTO_RAY_HEADER_TIMEOUT_S, set for the session's Ray above)."""
+    import time
+    from urllib.parse import urlparse
+
+    url, _ = toy_service
+    parsed = urlparse(url)
+    stalled = [_raw_request(parsed.hostname, parsed.port, head, 30) for head in [PARTIAL_HEAD] * 32 + [b""] * 32]
+    started = time.monotonic()
+    try:
+        good = httpx.post(f"{url}/v1/completions", json=GOOD, timeout=60)
+        assert good.status_code == 200 and time.monotonic() - started < HEADER_TIMEOUT_S, time.monotonic() - started
+        answers = [_read_until_closed(s, started + HEADER_TIMEOUT_S + 5) for s in stalled]
+        took = time.monotonic() - started
+    finally:
+        for s in stalled:
+            s.close()
+    for answer in answers:
+        assert answer.startswith(b"HTTP/1.1 408") and b'"timeout_error"' in answer and answer.endswith(b"<closed>"), answer[:300]
+    assert took < HEADER_TIMEOUT_S + 5, took
+
+
+# --- a client that leaves while a chain's chain_finished is in flight ----------------------------
+@ray.remote(num_cpus=0)
+class _Heard:
+    """Stands in for the coordinator: what it was told, each call in flight for a while."""
+
+    def __init__(self) -> None:
+        self.heard: list[str] = []
+
+    async def chain_finished(self, chain_id: str) -> None:
+        import asyncio
+
+        await asyncio.sleep(1.0)  # the client leaves meanwhile
+        self.heard.append(chain_id)
+
+    def said(self) -> list[str]:
+        return self.heard
+
+
+def test_calls_outside_the_request_outlive_its_cancellation(serve_base_url):
+    """Why the ingress says chain_finished again after a disconnect: Ray cancels the calls of a
+    Serve request cancelled by its client's leaving, so a chain_finished in flight then never
+    reaches the coordinator (the chain expired, the flake of the load test); the same call made
+    in `_outside_the_request`'s context does."""
+    import asyncio
+    import time
+
+    from fastapi import FastAPI
+    from ray import serve
+
+    from deployments.serve_app import _outside_the_request
+
+    app = FastAPI()
+
+    @serve.deployment(ray_actor_options={"num_cpus": 0})
+    @serve.ingress(app)
+    class Leaves:
+        def __init__(self, heard) -> None:
+            self.heard = heard
+
+        @app.post("/")
+        async def finish(self, chain_id: str) -> str:
+            if chain_id.startswith("outside"):
+                task = asyncio.get_running_loop().create_task(self._say(chain_id), context=_outside_the_request())
+                await asyncio.shield(task)
+            else:
+                await self._say(chain_id)
+            return "said"
+
+        async def _say(self, chain_id: str) -> None:
+            await self.heard.chain_finished.remote(chain_id)
+
+    heard = _Heard.remote()
+    serve.run(Leaves.bind(heard), name="leaves", route_prefix="/leaves")
+    try:
+        for chain_id in ("inside", "outside"):
+            with pytest.raises(httpx.ReadTimeout):  # the client leaves with the call in flight
+                httpx.post(f"{serve_base_url}/leaves/", params={"chain_id": chain_id}, timeout=httpx.Timeout(30, read=0.3))
+        time.sleep(2.0)
+        assert ray.get(heard.said.remote()) == ["outside"]
+    finally:
+        serve.delete("leaves")

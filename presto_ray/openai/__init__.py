@@ -37,7 +37,10 @@ Mapping to power sampling:
   - The request models are the OpenAPI schema too (`openapi_route`): /openapi.json lists every
     field with its limits, the power-sampling ones included.
   - Transport rules live here too, as pure functions the ingress calls: the bearer token
-    (`check_api_key`), the content type (`check_content_type`), and the body of a 500, which never
+    (`check_api_key`), the content type and charset (`check_content_type`), the headers' bounds and
+    the ones that must come once (`check_headers`), a client's request id (`safe_request_id`),
+    routing errors in OpenAI's shape (`http_error`), a client that leaves (`client_disconnected`:
+    one log line, no traceback), and the body of a 500, which never
     carries internals (`internal_error`: the details go to the server log under an error id).
 """
 
@@ -47,8 +50,12 @@ from presto_ray.openai.errors import (
     ErrorResponse,
     check_api_key,
     check_content_type,
+    check_headers,
+    client_disconnected,
     error_event,
+    http_error,
     internal_error,
+    safe_request_id,
 )
 from presto_ray.openai.figures import HTTP_FIGURES, choice_figures, progress_event, usage_figures
 from presto_ray.openai.openapi import openapi_route
@@ -75,7 +82,8 @@ __all__ = [
     "HTTP_FIGURES", "ApiError", "ChatCompletionChunk", "ChatCompletionResponse", "ChatMessage", "ChatRequest",
     "CompletionChunk", "CompletionRequest", "CompletionResponse", "ErrorResponse", "ModelList", "PowerSamplingStats",
     "PowerSamplingUsage", "Prepared", "ProgressEvent", "SampledChoice", "StatsResponse", "TokenLogprob", "Usage",
-    "check_api_key", "check_content_type", "choice_figures", "choice_from_result", "completion_response", "done_chunk",
+    "check_api_key", "check_content_type", "check_headers", "choice_figures", "client_disconnected", "http_error",
+    "safe_request_id", "choice_from_result", "completion_response", "done_chunk",
     "error_event", "internal_error", "models_body", "openapi_route", "prepare", "progress_chunk", "progress_event",
     "request_usage", "sse_event", "stream_end", "usage_chunk", "usage_figures",
 ]  # fmt: skip

@@ -66,7 +66,7 @@ def prepare(
 ) -> Prepared:
     """The chains a request body asks for, or an ApiError naming what is wrong with it."""
     model = request_model(chat)
-    request = parse_request(raw_body, model, settings.max_body_bytes)
+    request = parse_request(raw_body, model, settings.max_body_bytes, settings)
     check_model(request, model_name)
     config = sampler_config(request, base_sampler, settings)
     prompt = prompt_ids(request, tokenizer)
@@ -85,29 +85,85 @@ def prepare(
     )
 
 
-def parse_request(raw: bytes, model: type[_Request], max_bytes: int) -> _Request:
-    """The request body as `model`, or an ApiError (413 too large, 400 malformed or invalid)."""
+def _refuse_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """json's object_pairs_hook: a key twice in one object is refused (which one a proxy or a
+    logger read would otherwise differ from what the service used: the last)."""
+    data: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in data:
+            raise ApiError(400, f"malformed JSON body: the key {key!r} appears more than once in an object", key)
+        data[key] = value
+    return data
+
+
+# pydantic's messages that name a model class ("a valid dictionary or instance of StreamOptions")
+_OBJECT_ERRORS = {"model_type", "model_attributes_type", "dict_type"}
+
+
+def _error_message(error: dict[str, Any]) -> str:
+    if error.get("type") in _OBJECT_ERRORS:
+        return "must be a JSON object"
+    if error.get("type") == "extra_forbidden":
+        return "unknown field: this API does not know it (is it misspelled?)"
+    return error_text(error)
+
+
+def _where(loc: tuple[Any, ...]) -> str:
+    """A pydantic error's location as the body's field path ("messages.0.contnet"), without the
+    union arms pydantic adds ("str", "list[int]", a model's class name)."""
+    return ".".join(str(p) for p in loc if isinstance(p, int) or (isinstance(p, str) and not _is_arm(p)))
+
+
+_ARMS = {"str", "int", "float", "bool", "list", "dict", "StreamOptions", "ChatMessage"}
+
+
+def _is_arm(part: str) -> bool:
+    return "[" in part or part in _ARMS
+
+
+def parse_request(raw: bytes, model: type[_Request], max_bytes: int, settings: ServeConfig | None = None) -> _Request:
+    """The request body as `model`, or an ApiError (413 too large, 400 malformed or invalid).
+    `settings`: the service's limits, checked before the sampler's wider ones."""
     if len(raw) > max_bytes:
         raise ApiError(413, f"request body is {len(raw)} bytes; the limit is {max_bytes}")
     try:
-        data = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        text = raw.decode("utf-8")  # strictly: json.loads would guess UTF-16 or UTF-32 from bytes
+    except UnicodeDecodeError as e:
+        raise ApiError(400, f"the body must be UTF-8 JSON: {e.reason} at byte {e.start}") from None
+    if text.startswith("\ufeff"):
+        raise ApiError(400, "the body must be UTF-8 JSON without a byte order mark")
+    try:
+        data = json.loads(text, object_pairs_hook=_refuse_duplicates)
+    except json.JSONDecodeError as e:
         raise ApiError(400, f"malformed JSON body: {e}") from None
     except RecursionError:
         raise ApiError(400, "malformed JSON body: nested too deeply") from None
     if not isinstance(data, dict):
         raise ApiError(400, "the body must be a JSON object")
+    if settings is not None:
+        check_service_limits(data, settings)
     try:
         request = model.model_validate(data)
     except ValidationError as e:
-        first = e.errors()[0]
-        param = str(first["loc"][0]) if first["loc"] else None  # the top-level field, as OpenAI names it
-        where = ".".join(str(p) for p in first["loc"] if isinstance(p, int) or p in ("role", "content") or p == param)
-        raise ApiError(400, f"{where or 'body'}: {error_text(dict(first))}", param) from None
+        first = dict(e.errors()[0])
+        loc = tuple(e.errors()[0]["loc"])
+        param = str(loc[0]) if loc else None  # the top-level field, as OpenAI names it
+        where = _where(loc)
+        raise ApiError(400, f"{where or 'body'}: {_error_message(first)}", param) from None
     except RecursionError:  # a nested value pydantic walks (stream_options) deeper than the stack
         raise ApiError(400, "the body is nested too deeply") from None
     check_unsupported(request)
     return request
+
+
+def check_service_limits(data: dict[str, Any], settings: ServeConfig) -> None:
+    """The service's own limits on the power-sampling fields, before the sampler's wider ones: a
+    request over serve.max_mh_steps hears that limit, not the sampler's 1,000,000."""
+    limits = (("mh_steps", settings.max_mh_steps, "max_mh_steps"), ("prefetch_budget", settings.max_prefetch_budget, "max_prefetch_budget"))
+    for name, limit, key in limits:
+        value = data.get(name)
+        if type(value) is int and value > limit:
+            raise ApiError(400, f"{name} must be at most {limit} (raise serve.{key} in the job config)", name)
 
 
 def check_unsupported(request: _Request) -> None:
@@ -165,11 +221,13 @@ def sampler_config(request: _Request, base: SamplerConfig, settings: ServeConfig
         updates["alpha"] = alpha
     if request.mh_steps is not None:
         if request.mh_steps > settings.max_mh_steps:
-            raise ApiError(400, f"mh_steps must be at most {settings.max_mh_steps}", "mh_steps")
+            message = f"mh_steps must be at most {settings.max_mh_steps} (raise serve.max_mh_steps in the job config)"
+            raise ApiError(400, message, "mh_steps")
         updates["mh_steps"] = request.mh_steps
     if request.prefetch_budget is not None:
         if request.prefetch_budget > settings.max_prefetch_budget:
-            raise ApiError(400, f"prefetch_budget must be at most {settings.max_prefetch_budget}", "prefetch_budget")
+            message = f"prefetch_budget must be at most {settings.max_prefetch_budget} (raise serve.max_prefetch_budget in the job config)"
+            raise ApiError(400, message, "prefetch_budget")
         updates["prefetch_budget"] = request.prefetch_budget
     if request.traversal is not None:
         updates["traversal"] = request.traversal
@@ -247,6 +305,10 @@ def check_prompt(token_ids: list[int], max_tokens: int, context: int, vocab_size
     if len(token_ids) + max_tokens > context:
         raise ApiError(
             400,
-            f"prompt ({len(token_ids)} tokens) + max_tokens ({max_tokens}) exceeds the model's context of {context} tokens",
+            f"prompt ({_tokens(len(token_ids))}) + max_tokens ({max_tokens}) exceeds the model's context of {context} tokens",
             "prompt",
         )
+
+
+def _tokens(count: int) -> str:
+    return f"{count} token" if count == 1 else f"{count} tokens"

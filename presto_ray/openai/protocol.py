@@ -98,7 +98,9 @@ class CompletionRequest(_Request):
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="ignore", strict=True)
+    # unknown keys (a typo such as `contnet`, or `name`, `tool_calls` this API cannot honour) are a
+    # 400 naming them, as at the top level
+    model_config = ConfigDict(extra="forbid", strict=True)
     role: ChatRole
     content: str
 
@@ -378,3 +380,7 @@ class StatsResponse(BaseModel):
     chains_active: int
     coordinator_shards: int
     streams_running: int = Field(description="Streaming schedule: requests running on replicas.")
+    # what the HTTP ingress counts
+    client_disconnects: int = Field(
+        0, description="Requests whose client went away before the answer or the stream ended (every ingress replica's)."
+    )
