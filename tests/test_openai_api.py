@@ -219,13 +219,13 @@ def test_a_request_without_seed_gets_a_drawn_one():
 EOS = TOKENIZER.eos_token_id
 STATS = SampleStats(
     rounds=4, stream_batches=2, transitions=10, accepted=5, requests=12, generated_tokens=90, prompt_tokens=300,
-    cached_prompt_tokens=200, aborted_requests=1,
+    cached_prompt_tokens=200, aborted_requests=1, early_stopped_requests=3, early_stop_tokens_left=40,
 )  # fmt: skip
 LOGP0 = [(-0.5, -1.25, -0.125), (-2.0, -0.25, -0.75, -1.5)]
 RESULTS = [SampleResult((5, 6, EOS), STATS, LOGP0[0]), SampleResult((7, 8, 9, 10), STATS, LOGP0[1])]  # one stopped at EOS, one did not
 USAGE_POWER_SAMPLING = {  # both chains' STATS summed
     "rounds": 8, "stream_batches": 4, "requests": 24, "generated_tokens": 180, "prefill_tokens": 600, "cached_prefill_tokens": 400,
-    "transitions": 20, "accepted": 10, "aborted_requests": 2,
+    "transitions": 20, "accepted": 10, "aborted_requests": 2, "early_stopped_requests": 6, "early_stop_tokens_left": 80,
 }  # fmt: skip
 
 
@@ -374,7 +374,8 @@ def test_the_stats_body_keeps_its_keys_and_reads_the_snapshot():
 DISTINCT = SampleStats(
     rounds=3, stream_batches=5, transitions=7, accepted=2, extensions=11, requests=13, requests_used=17,
     aborted_requests=19, forked_requests=23, generated_tokens=29, certain_edges=31, prompt_tokens=37,
-    cached_prompt_tokens=41, wall_time_s=43.0,
+    cached_prompt_tokens=41, wall_time_s=43.0, early_stopped_requests=47, early_stop_tokens_left=53,
+    early_rejected_steps=59, early_stop_rerequests=61,
 )  # fmt: skip
 
 

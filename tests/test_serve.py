@@ -423,7 +423,7 @@ def in_process_tokens(config: JobConfig, prompt_ids, seed: int, n: int, **fields
 
 
 POWER_SAMPLING_USAGE = {"rounds", "stream_batches", "requests", "generated_tokens", "prefill_tokens", "cached_prefill_tokens",
-                        "transitions", "accepted", "aborted_requests"}  # fmt: skip
+                        "transitions", "accepted", "aborted_requests", "early_stopped_requests", "early_stop_tokens_left"}  # fmt: skip
 
 
 def check_usage(usage, prompt_tokens: int, returned: list[int]) -> dict:

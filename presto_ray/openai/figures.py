@@ -26,6 +26,8 @@ HTTP_FIGURES: dict[str, str] = {
     "prefill_tokens": "prompt_tokens",
     "cached_prefill_tokens": "cached_prompt_tokens",
     "aborted_requests": "aborted_requests",
+    "early_stopped_requests": "early_stopped_requests",
+    "early_stop_tokens_left": "early_stop_tokens_left",
 }
 
 

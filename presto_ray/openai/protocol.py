@@ -152,6 +152,12 @@ class PowerSamplingUsage(BaseModel):
     transitions: int = Field(description="MH steps completed.")
     accepted: int = Field(description="MH proposals accepted.")
     aborted_requests: int = Field(description="Streaming schedule: running requests aborted once the chain no longer needed them.")
+    early_stopped_requests: int = Field(
+        description="Exact early rejection: requests the engine stopped once their rejection was certain (the samples are the same either way)."
+    )
+    early_stop_tokens_left: int = Field(
+        description="The max_new_tokens those requests left unused: the tokens not generated with fixed length, at most that with EOS."
+    )
 
 
 class ProgressEvent(BaseModel):
