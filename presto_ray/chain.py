@@ -12,6 +12,7 @@ Two schedules drive the same machine (streaming: docs/streaming.md):
     chain.observe_progress(key, token_ids)       # tokens a running proposal has so far (forks)
     chain.fork_points()                          # running proposal -> token count that unlocks a request
     chain.useless_requests()                     # running requests no reachable node needs: abort them
+    chain.bound_updates()                        # running request -> its new early-rejection bounds
     # drivers call these in one fixed order through ChainStream.step (presto_ray/stream_step.py)
 
     chain.result(wall_time_s)        # once chain.done: the sample and its SampleStats
