@@ -7,7 +7,7 @@ PYTHON ?= python3
 STAMP := $(VENV)/.installed
 PIP := $(VENV)/bin/pip
 
-.PHONY: install sample test test-fast lint bench bench-virtual bench-real bench-ray bench-coordinator load-test validate-real eval-real clean
+.PHONY: install sample test test-fast lint bench bench-virtual bench-real bench-real-early-rejection bench-ray bench-coordinator load-test validate-real eval-real clean
 
 install: $(STAMP)
 
@@ -44,7 +44,10 @@ bench-virtual: $(STAMP)
 	$(VENV)/bin/presto-ray bench --virtual-clock --out bench/results/virtual_clock.json
 
 bench-real: $(STAMP)
-	$(VENV)/bin/presto-ray bench-real --out bench/results/vllm_cpu_streaming.json --png bench/results/vllm_cpu_streaming.png
+	$(VENV)/bin/presto-ray bench-real --early-rejection off --out bench/results/vllm_cpu_streaming.json --png bench/results/vllm_cpu_streaming.png
+
+bench-real-early-rejection: $(STAMP)
+	$(VENV)/bin/presto-ray bench-real --block-size 96 --mh-steps 20 --early-rejection both --out bench/results/vllm_cpu_early_rejection.json --png bench/results/vllm_cpu_early_rejection.png
 
 validate-real: $(STAMP)
 	$(VENV)/bin/presto-ray validate --config configs/validate.yaml --prompts examples/validate_prompts.jsonl --out bench/results/validate_vllm_cpu.json

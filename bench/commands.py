@@ -88,6 +88,8 @@ def cmd_bench_real(args: argparse.Namespace) -> int:
         budgets = _budgets(args.budgets)
     except BadInput as e:
         return fail(str(e))
+    if args.n is not None and args.n < 1:
+        return fail(f"--n: expected at least 1 prompt, got {args.n}")
     from bench.real import VARIANT_RUNS, format_report, run_real_bench
     from presto_ray.engines.specs import VLLMEngineConfig
 
@@ -101,6 +103,8 @@ def cmd_bench_real(args: argparse.Namespace) -> int:
         out_json=args.out,
         out_png=args.png,
         progress=progress,
+        early_rejection=args.early_rejection,
+        num_prompts=args.n,
     )
     print(format_report(report))
     print(f"wrote {args.out}" + (f" and {args.png}" if Path(args.png).exists() else ""))
@@ -197,6 +201,12 @@ def add_bench_real(sub: Subparsers) -> None:
     r.add_argument("--out", default="bench/results/vllm_cpu_streaming.json")
     r.add_argument("--png", default="bench/results/vllm_cpu_streaming.png")
     r.add_argument("--variants", action="store_true", help="PowerMH, EntropyCut and MultiTryMH: serial vs prefetching")
+    r.add_argument(
+        "--early-rejection", choices=["both", "on", "off"], default="both",
+        help="exact early rejection: every run off and on side by side (both, the default; ratios vs serial off), "
+        "or only one setting",
+    )
+    r.add_argument("--n", type=int, default=None, help="only the first N prompts (default all)")
     r.add_argument(
         "--logp0-from", choices=["sampler", "scoring_pass"], default="sampler",
         help="log p0 from the generating pass (default) or a second scoring pass (the engine's logp0_from)",

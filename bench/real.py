@@ -3,14 +3,22 @@
 For each prompt the runs go back to back on one engine (interleaved, so drift in machine load
 hits all of them alike); wall time is measured around each sample, and ratios are taken against
 serial on the same prompts and seeds.
+
+Exact early rejection (`SamplerConfig.early_rejection`): with `early_rejection="both"` (the
+default) every run goes twice on each prompt, off then on, so each schedule's rows sit side by
+side on the same samples; `speedup_vs_serial_off` compares every row with serial without early
+rejection, the common baseline. Every row also reports the peak of vLLM's own KV-cache gauge
+(`KVCachePeak`).
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any, Literal
 
 from bench.plots import save_figure
 from bench.table import Columns, format_table
@@ -27,21 +35,28 @@ COLUMNS: Columns = [
     ("traversal", "traversal", "{}"),
     ("schedule", "schedule", "{}"),
     ("budget", "N_pf", "{}"),
+    ("early_rejection", "early rej.", "{}"),
     ("wall_time_s", "wall s", "{:.1f}"),
-    ("speedup_vs_serial", "speedup", "{:.2f}x"),
+    ("speedup_vs_serial_off", "vs serial off", "{:.2f}x"),
     ("requests_per_sample", "req/sample", "{:.1f}"),
     ("calls_per_sample", "calls/sample", "{:.1f}"),
     ("transitions_per_second", "trans/s", "{:.2f}"),
     ("generated_tokens_per_sample", "gen tok/sample", "{:.0f}"),
+    ("tokens_vs_serial_off", "tok vs serial off", "{:.2f}"),
+    ("early_stopped_per_sample", "stopped/sample", "{:.1f}"),
+    ("early_stop_tokens_left_per_sample", "tok left/sample", "{:.0f}"),
     ("aborted_per_sample", "aborted/sample", "{:.1f}"),
     ("forked_per_sample", "forked/sample", "{:.1f}"),
     ("cached_token_share", "cached share", "{:.1%}"),
+    ("peak_kv_cache_usage", "peak KV", "{:.2%}"),
     ("acceptance_rate", "accept", "{:.1%}"),
     ("same_as_serial", "same as serial", "{}"),
 ]
 
 Run = tuple[str, str, int, str]  # (sampler, traversal, prefetch budget, schedule)
 SERIAL: Run = ("power_mh", "serial", 1, "rounds")
+EarlyRejection = Literal["both", "on", "off"]
+EARLY_REJECTION: dict[str, tuple[bool, ...]] = {"both": (False, True), "on": (True,), "off": (False,)}
 
 VARIANT_RUNS: list[Run] = [
     ("power_mh", "serial", 1, "rounds"), ("power_mh", "predictive", 8, "rounds"), ("power_mh", "predictive", 8, "streaming"),
@@ -49,11 +64,69 @@ VARIANT_RUNS: list[Run] = [
     ("multi_try", "serial", 1, "rounds"), ("multi_try", "predictive", 12, "streaming"),
 ]  # fmt: skip
 NUM_TRIES = 3
+KV_GAUGES = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")  # vLLM v1's name, then the older one
 
 
 def default_runs(budgets: Sequence[int]) -> list[Run]:
     """Serial PowerMH, then predictive rounds and streaming at each budget."""
     return [SERIAL] + [("power_mh", "predictive", b, schedule) for b in budgets for schedule in ("rounds", "streaming")]
+
+
+class KVCachePeak:
+    """The peak of vLLM's own KV-cache gauge (`vllm:kv_cache_usage_perc`: the share of the KV pool's
+    blocks held by requests, free prefix-cached blocks not counted) between `reset` and `peak`.
+
+    AsyncLLM runs its stat loggers in this process: after every engine step its output handler
+    sets the Prometheus gauge from the step's scheduler stats. The gauge's `set` is wrapped, so
+    every value it takes is seen (no polling, no step missed). `available` is False where there is
+    no such gauge (the toy engine, or vLLM with log stats off); `peak` is then None."""
+
+    def __init__(self, registry: Any = None) -> None:
+        self._lock = threading.Lock()
+        self._peak: float | None = None
+        self._restore: list[tuple[Any, Any]] = []
+        if registry is None:
+            try:
+                from prometheus_client import REGISTRY as registry  # where vLLM's PrometheusStatLogger registers
+            except ImportError:
+                return
+        names = getattr(registry, "_names_to_collectors", {})
+        collector = next((names[n] for n in KV_GAUGES if n in names), None)
+        if collector is None:
+            return
+        children = list(getattr(collector, "_metrics", {}).values()) or [collector]  # labelled: one per engine
+        for child in children:
+            self._restore.append((child, child.__dict__.get("set")))
+            child.set = self._wrap(child.set)
+
+    def _wrap(self, original: Callable[[float], None]) -> Callable[[float], None]:
+        def set_and_track(value: float) -> None:
+            original(value)
+            with self._lock:
+                self._peak = float(value) if self._peak is None else max(self._peak, float(value))
+
+        return set_and_track
+
+    @property
+    def available(self) -> bool:
+        return bool(self._restore)
+
+    def reset(self) -> None:
+        with self._lock:
+            self._peak = None
+
+    @property
+    def peak(self) -> float | None:
+        with self._lock:
+            return self._peak
+
+    def close(self) -> None:
+        for child, own in self._restore:
+            if own is None:
+                del child.set
+            else:
+                child.set = own
+        self._restore = []
 
 
 def run_real_bench(
@@ -67,45 +140,80 @@ def run_real_bench(
     out_json: str | Path | None = None,
     out_png: str | Path | None = None,
     progress: Callable[[str], None] | None = None,
+    early_rejection: EarlyRejection = "both",
+    num_prompts: int | None = None,
+    engine: Any = None,
 ) -> dict:
-    """Each run is (sampler, traversal, budget, schedule); by default `default_runs(budgets)`."""
-    items = read_prompts(prompts_path)
+    """Each run is (sampler, traversal, budget, schedule); by default `default_runs(budgets)`. Every
+    run goes with early rejection off and on (`early_rejection` "both"), or one of them. `engine`:
+    an engine to use instead of starting vLLM (left running; tests pass the toy); `num_prompts`:
+    only the first N prompts."""
+    if early_rejection not in EARLY_REJECTION:
+        raise ValueError(f"early_rejection: expected one of {', '.join(EARLY_REJECTION)}, got {early_rejection!r}")
+    items = read_prompts(prompts_path)[:num_prompts]
     runs = list(runs or default_runs(budgets))
-    engine = VLLMEngine(engine_config)
+    settings = EARLY_REJECTION[early_rejection]
+    owned = engine is None
+    engine = engine if engine is not None else VLLMEngine(engine_config)
+    kv = KVCachePeak()
     try:
         prompts = [encode_prompt(engine.tokenizer, item) for item in items]
         base = SamplerConfig(block_size=block_size, mh_steps=mh_steps, num_blocks=1)
-        per_run: dict[Run, list] = {run: [] for run in runs}
+        per_run: dict[tuple[Run, bool], list] = {(run, on): [] for run in runs for on in settings}
+        if prompts:  # untimed: the engine's first steps are slow, and the first timed run is the baseline
+            sample_many(engine, [prompts[0]], [base.model_copy(update={"block_size": 8, "mh_steps": 1, "seed": seed + 10_000})])
         for p, item in enumerate(items):
             for run in runs:
-                sampler, traversal, budget, schedule = run
-                update = {"sampler": sampler, "traversal": traversal, "prefetch_budget": budget, "seed": seed + p, "schedule": schedule}
-                if sampler == "multi_try":
-                    update["num_tries"] = NUM_TRIES
-                started = time.perf_counter()
-                results, accounting = sample_many(engine, [prompts[p]], [base.model_copy(update=update)])
-                wall = time.perf_counter() - started
-                per_run[run].append((results[0], accounting, wall))
-                if progress:
-                    progress(f"{item.id} {sampler} {traversal} {schedule} N_pf={budget}: {results[0].stats.requests} requests, {wall:.1f} s")
-        rows = [_row(run, per_run[run], per_run[(run[0], "serial", 1, "rounds")]) for run in runs]
+                for on in settings:
+                    sampler, traversal, budget, schedule = run
+                    update = {
+                        "sampler": sampler, "traversal": traversal, "prefetch_budget": budget, "seed": seed + p,
+                        "schedule": schedule, "early_rejection": on,
+                    }  # fmt: skip
+                    if sampler == "multi_try":
+                        update["num_tries"] = NUM_TRIES
+                    kv.reset()
+                    started = time.perf_counter()
+                    results, accounting = sample_many(engine, [prompts[p]], [base.model_copy(update=update)])
+                    wall = time.perf_counter() - started
+                    per_run[(run, on)].append((results[0], accounting, wall, kv.peak))
+                    if progress:
+                        stats = results[0].stats
+                        progress(
+                            f"{item.id} {sampler} {traversal} {schedule} N_pf={budget} early_rejection={on}: "
+                            f"{stats.requests} requests, {stats.early_stopped_requests} stopped, {wall:.1f} s"
+                        )
+        rows = []
+        for run, on in per_run:
+            sampler = run[0]
+            serial = (sampler, "serial", 1, "rounds")
+            baseline = per_run.get((serial, False)) or per_run.get((serial, on))  # serial off where it ran
+            rows.append(_row(run, on, per_run[(run, on)], per_run.get((serial, on)), baseline, (serial, False) in per_run,
+                             per_run.get((run, not on))))  # fmt: skip
         report = {
             "timestamp": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "config": {
                 "presto_ray_version": __version__,
-                "engine": engine.config.model_dump(),
-                "model_dir": engine.model_dir,
-                "engine_startup_s": round(engine.startup_time_s, 1),
+                "engine": engine.config.model_dump() if hasattr(engine, "config") else type(engine).__name__,
+                "model_dir": getattr(engine, "model_dir", getattr(engine, "model_name", type(engine).__name__)),
+                "engine_startup_s": round(getattr(engine, "startup_time_s", 0.0), 1),
                 "prompts": [item.id for item in items],
-                "sampler": base.model_dump(exclude={"traversal", "prefetch_budget", "seed", "sampler", "num_tries", "schedule"}),
+                "sampler": base.model_dump(
+                    exclude={"traversal", "prefetch_budget", "seed", "sampler", "num_tries", "schedule", "early_rejection"}
+                ),
                 "multi_try_num_tries": NUM_TRIES,
+                "early_rejection": early_rejection,
                 "seeds": "seed + prompt index",
-                "wall_time": "measured around each sample, engine start excluded",
+                "wall_time": "measured around each sample, engine start and one untimed warm-up sample excluded",
+                "kv_cache_gauge": KV_GAUGES[0] if kv.available else None,
+                "kv_cache_blocks": _kv_cache_blocks(engine),
             },
             "rows": rows,
         }
     finally:
-        engine.shutdown()
+        kv.close()
+        if owned:
+            engine.shutdown()
     if out_json:
         write_json_atomic(report, out_json)
     if out_png:
@@ -113,34 +221,66 @@ def run_real_bench(
     return report
 
 
-def _row(run: Run, runs: list, serial: list) -> dict:
+def _kv_cache_blocks(engine: Any) -> int | None:
+    """The KV pool's size in blocks (of the engine's kv_block_size tokens) as vLLM profiled it; None
+    for an engine without one."""
+    try:
+        return int(engine.runtime.llm.vllm_config.cache_config.num_gpu_blocks)
+    except (AttributeError, TypeError):
+        return None
+
+
+def _row(run: Run, on: bool, runs: list, serial: list | None, baseline: list | None, baseline_is_off: bool, other: list | None) -> dict:
+    """One row: `serial` is serial with the same early-rejection setting, `baseline` serial without
+    it (the common baseline; serial on where off did not run), `other` this run with the other
+    setting (None where only one ran)."""
     sampler, traversal, budget, schedule = run
     n = len(runs)
 
     def stat(of, field):
-        return sum(getattr(result.stats, field) for result, _, _ in of)
+        return sum(getattr(result.stats, field) for result, *_ in of)
 
-    def engine(field):
-        return sum(getattr(accounting, field) for _, accounting, _ in runs)
+    def engine(of, field):
+        return sum(getattr(accounting, field) for _, accounting, *_ in of)
 
-    wall = sum(w for _, _, w in runs)
+    def wall_of(of):
+        return sum(entry[2] for entry in of)
+
+    def same(a, b):
+        return all(x[0].token_ids == y[0].token_ids for x, y in zip(a, b))
+
+    wall = wall_of(runs)
     transitions = stat(runs, "transitions")
+    peaks = [entry[3] for entry in runs if entry[3] is not None]
     return {
         "sampler": sampler,
         "traversal": traversal,
         "schedule": schedule,
         "budget": budget,
+        "early_rejection": on,
         "wall_time_s": wall,
-        "speedup_vs_serial": sum(w for _, _, w in serial) / wall,
+        "wall_time_s_per_sample": [entry[2] for entry in runs],  # in prompt order
+        "speedup_vs_serial": wall_of(serial) / wall if serial else None,  # serial with the same setting
+        "speedup_vs_serial_off": wall_of(baseline) / wall if baseline and baseline_is_off else None,
         "requests_per_sample": stat(runs, "requests") / n,
-        "calls_per_sample": engine("calls") / n,  # streaming makes no batched calls
+        "calls_per_sample": engine(runs, "calls") / n,  # streaming makes no batched calls
         "transitions_per_second": transitions / wall,
-        "generated_tokens_per_sample": engine("generated_tokens") / n,  # aborted requests' tokens included
+        "generated_tokens_per_sample": engine(runs, "generated_tokens") / n,  # aborted and stopped requests' tokens included
+        "tokens_vs_serial_off": (
+            engine(runs, "generated_tokens") / max(engine(baseline, "generated_tokens"), 1) if baseline and baseline_is_off else None
+        ),
+        "early_stopped_per_sample": stat(runs, "early_stopped_requests") / n,
+        "early_stop_tokens_left_per_sample": stat(runs, "early_stop_tokens_left") / n,
+        "early_rejected_steps_per_sample": stat(runs, "early_rejected_steps") / n,
+        "early_stop_rerequests_per_sample": stat(runs, "early_stop_rerequests") / n,
         "aborted_per_sample": stat(runs, "aborted_requests") / n,
         "forked_per_sample": stat(runs, "forked_requests") / n,
-        "cached_token_share": engine("cached_prompt_tokens") / max(engine("prompt_tokens"), 1),
+        "cached_token_share": engine(runs, "cached_prompt_tokens") / max(engine(runs, "prompt_tokens"), 1),
+        "peak_kv_cache_usage": max(peaks) if peaks else None,  # the largest of the samples' peaks
+        "peak_kv_cache_usage_per_sample": [entry[3] for entry in runs],
         "acceptance_rate": stat(runs, "accepted") / max(transitions, 1),
-        "same_as_serial": all(r.token_ids == s.token_ids for (r, _, _), (s, _, _) in zip(runs, serial)),
+        "same_as_serial": same(runs, baseline) if baseline else None,  # the baseline's tokens (serial off where it ran)
+        "same_on_off": same(runs, other) if other is not None else None,
     }
 
 
@@ -150,7 +290,11 @@ def plot(report: dict, path: str | Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = [r for r in report["rows"] if r["sampler"] == "power_mh" and r["traversal"] != "serial"]
+    rows = report["rows"]
+    if len({r["early_rejection"] for r in rows}) > 1:
+        _plot_on_off(report, path, plt)
+        return
+    rows = [r for r in rows if r["sampler"] == "power_mh" and r["traversal"] != "serial"]
     if len({r["budget"] for r in rows}) < 2:
         return  # a variants run has no budget sweep to plot
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
@@ -171,5 +315,50 @@ def plot(report: dict, path: str | Path) -> None:
     save_figure(fig, path)
 
 
+def _label(row: dict) -> str:
+    if row["traversal"] == "serial":
+        return f"{row['sampler']}\nserial"
+    return f"{row['sampler']}\n{row['schedule']} {row['budget']}"
+
+
+def _plot_on_off(report: dict, path: str | Path, plt: Any) -> None:
+    """Early rejection off and on, bar beside bar: speedup vs serial off, tokens vs serial off and
+    peak KV-cache usage for every run."""
+    rows = report["rows"]
+    labels = list(dict.fromkeys(_label(r) for r in rows))
+    panels = [
+        ("speedup_vs_serial_off", "wall-time speedup vs serial off", "Speedup (same samples)"),
+        ("tokens_vs_serial_off", "tokens generated / serial off", "Tokens (stopped, aborted included)"),
+        ("peak_kv_cache_usage", "peak share of the KV pool", "Peak KV-cache usage (vLLM gauge)"),
+    ]
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 4))
+    width = 0.38
+    for ax, (key, ylabel, title) in zip(axes, panels):
+        for k, (on, color) in enumerate(((False, "tab:grey"), (True, "tab:blue"))):
+            values = {_label(r): r[key] for r in rows if r["early_rejection"] == on}
+            xs = [i + (k - 0.5) * width for i, label in enumerate(labels) if values.get(label) is not None]
+            ys = [values[label] for label in labels if values.get(label) is not None]
+            ax.bar(xs, ys, width, color=color, label=f"early rejection {'on' if on else 'off'}")
+        if key != "peak_kv_cache_usage":
+            ax.axhline(1.0, color="black", lw=0.8, ls="--")
+        ax.set_xticks(range(len(labels)), labels, fontsize=8)
+        ax.set(ylabel=ylabel, title=title)
+        ax.grid(alpha=0.3, axis="y")
+    axes[0].legend(fontsize=8)
+    config = report["config"]
+    block = config["sampler"].get("block_size")
+    steps = config["sampler"].get("mh_steps")
+    fig.suptitle(f"Exact early rejection on vLLM (CPU, wall clock), {Path(str(config['model_dir'])).name}, T = {block}, K = {steps}")
+    save_figure(fig, path)
+
+
+class _Missing:
+    """A cell with no figure (a ratio without its baseline, a gauge the engine lacks): "-"."""
+
+    def __format__(self, spec: str) -> str:
+        return "-"
+
+
 def format_report(report: dict) -> str:
-    return format_table(report["rows"], COLUMNS)
+    rows = [{key: _Missing() if value is None else value for key, value in row.items()} for row in report["rows"]]
+    return format_table(rows, COLUMNS)
