@@ -54,7 +54,7 @@ from presto_ray.prompts import PromptFileError, check_ids, parse_jsonl_lines
 
 CHECKPOINT_DIR = ".ray-checkpoint"  # inside the output folder; readers skip dot-folders
 JOB_RECORD = ".presto-ray-job.json"
-__all__ = ["BadPromptRow", "DataJobSummary", "JobFailed", "run_data_job"]
+__all__ = ["BadPromptRow", "DataJobSummary", "JobFailed", "commit_sized", "run_data_job"]
 
 
 @dataclass
@@ -195,6 +195,8 @@ def run_data_job(
         processor_config = ProcessorConfig.from_job(config, **stage)
     else:
         processor_config = ProcessorConfig.model_validate({**dict(config), **stage})
+    if "batch_size" not in stage:
+        processor_config = commit_sized(processor_config)
     job = processor_config.job
     fs, out_path, local = _filesystem(out)
     # before Ray starts, hence before any work: the output can be written and is not the input,
@@ -236,7 +238,11 @@ def run_data_job(
             with build_power_sampling_processor(processor_config, address=address, replicas=replicas) as processor:
                 failure = None
                 try:
-                    processor(prompt_rows).write_parquet(out_path, filesystem=fs)
+                    # blocks of one batch each: the stage's actor task, hence its fused write, is one
+                    # batch, so each batch's file and checkpoint commit as soon as its chains end (one
+                    # block of the whole input would commit nothing until the end)
+                    batches = prompt_rows.repartition(target_num_rows_per_block=processor_config.batch_size, strict=True)
+                    processor(batches).write_parquet(out_path, filesystem=fs)
                 except Exception as e:  # Ray wraps the stage's errors: surface ours as themselves
                     failure = _cause(e, (BadPromptRow, JobFailed, PromptFileError)) or e
                 if failure is not None:
@@ -261,6 +267,19 @@ def run_data_job(
             lock.release()
     summary.wall_time_s = time.perf_counter() - start
     return summary
+
+
+def commit_sized(config: ProcessorConfig) -> ProcessorConfig:
+    """Batches of at most `ray.commit_pairs` (prompt, chain) pairs, each committed once its chains
+    end; more of them run at once per stage actor, so as many chains run together as before."""
+    job = config.job
+    bound = job.ray.commit_pairs
+    if bound is None or config.batch_size * job.chains_per_prompt <= bound:
+        return config
+    batch_size = max(1, bound // job.chains_per_prompt)
+    in_flight = config.batch_size * config.batches_per_actor  # prompts running at once per stage actor
+    batches_per_actor = min(1024, -(-in_flight // batch_size))
+    return config.model_copy(update={"batch_size": batch_size, "batches_per_actor": batches_per_actor})
 
 
 def check_prompt_ids(prompts: str, columns: InputColumnsConfig) -> int:

@@ -131,11 +131,17 @@ def encode_prompt(tokenizer: Tokenizer, item: PromptItem) -> list[int]:
 
 
 def run_job(
-    items: list[PromptItem], config: JobConfig, engine: Engine, on_sample: Callable[[dict], None] | None = None
+    items: list[PromptItem],
+    config: JobConfig,
+    engine: Engine,
+    on_sample: Callable[[dict], None] | None = None,
+    resumed: Sequence[dict] = (),
 ) -> JobSummary:
     """Sample every (prompt, chain) with `engine` (built by `build_engine(config.engine)`).
 
     All chains run together: each round, the requests of every active chain go in one call.
+    `resumed`: rows a killed run finished (output.PartCheckpoint); a pair whose row has this run's
+    `inputs` key is kept as it is (counted in `skipped`), not sampled again.
     """
     tokenizer = engine.tokenizer
     start = time.perf_counter()
@@ -154,8 +160,15 @@ def run_job(
     ]
     summary = JobSummary()
     rows: list[dict | None] = [None] * len(work)
+    finished = {(r["prompt_id"], r["chain"]): r for r in resumed}
+    for index, ((item, chain), key) in enumerate(zip(work, fingerprints)):
+        if (row := finished.get((item.id, chain))) is not None and row.get("inputs") == key:
+            rows[index] = row
+    todo = [index for index, row in enumerate(rows) if row is None]
+    summary.skipped = len(work) - len(todo)
 
-    def on_result(index: int, result: SampleResult) -> None:
+    def on_result(position: int, result: SampleResult) -> None:
+        index = todo[position]
         item, chain = work[index]
         rows[index] = row = sample_row(
             item.id, chain, seeds[index], result, tokenizer, sampler_json, fingerprints[index]
@@ -166,12 +179,12 @@ def run_job(
 
     _, accounting = sample_many(
         engine,
-        [encoded[item.id] for item, _ in work],
-        configs,
+        [encoded[work[index][0].id] for index in todo],
+        [configs[index] for index in todo],
         max_active_chains=config.max_active_chains,
         on_result=on_result,
     )
     summary.engine = accounting
-    summary.rows = [row for row in rows if row is not None]  # input order, not finishing order
+    summary.rows = [row for row in rows if row is not None]  # input order, not finishing order, resumed ones too
     summary.wall_time_s = time.perf_counter() - start
     return summary

@@ -1,5 +1,6 @@
 """Parquet output of samples: the columns, the row builder, the in-process job's atomic write (a temp
-file in the same folder, then rename), the Ray job's one-writer lock, and reading either back."""
+file in the same folder, then rename) and its part files as it goes (a killed job resumes from
+them), the Ray job's one-writer lock, and reading either back."""
 
 from __future__ import annotations
 
@@ -192,6 +193,57 @@ def write_parquet_atomic(rows: list[dict], path: str | Path, schema: pa.Schema =
 def write_json_atomic(data: dict | list, path: str | Path) -> None:
     with atomic_path(path) as tmp:
         tmp.write_text(json.dumps(data, indent=2) + "\n")
+
+
+class PartCheckpoint:
+    """The in-process job's finished rows on disk as it goes, so a killed job loses only the
+    pairs in flight (and at most `max_rows` rows or `max_s` seconds of finished ones).
+
+    Parts are Parquet files in `.<out name>.parts/` beside the output, each written atomically
+    (temp file, rename) once `max_rows` rows are pending or `max_s` seconds have passed since the
+    last part. A rerun into the same `--out` reads them back (`load`): the job keeps a row whose
+    `inputs` key equals the one it computes for that (prompt, chain) and samples the rest. The
+    output file itself is still written once, atomically, at the end; then the parts go.
+    """
+
+    def __init__(self, out: str | Path, max_rows: int = 16, max_s: float = 5.0) -> None:
+        out = Path(out)
+        self.folder = out.parent / f".{out.name}.parts"
+        self.max_rows, self.max_s = max_rows, max_s
+        self._pending: list[dict] = []
+        self._last = time.monotonic()
+        self._next = 0
+
+    def load(self) -> list[dict]:
+        """Rows of the parts a killed run left (an unreadable part, e.g. cut by a full disk, is skipped)."""
+        rows: list[dict] = []
+        for part in sorted(self.folder.glob("part-*.parquet")) if self.folder.is_dir() else []:
+            try:
+                rows.extend(pq.read_table(part).to_pylist())
+            except (pa.ArrowException, OSError):
+                continue
+            self._next = max(self._next, int(part.stem.split("-")[1]) + 1)
+        return rows
+
+    def add(self, row: dict) -> None:
+        self._pending.append(row)
+        if len(self._pending) >= self.max_rows or time.monotonic() - self._last >= self.max_s:
+            self.flush()
+
+    def flush(self) -> None:
+        if self._pending:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            write_parquet_atomic(self._pending, self.folder / f"part-{self._next:06d}.parquet")
+            self._next += 1
+            self._pending = []
+        self._last = time.monotonic()
+
+    def remove(self) -> None:
+        """After the output is written: the parts are in it."""
+        for part in self.folder.glob("*") if self.folder.is_dir() else []:
+            part.unlink(missing_ok=True)
+        if self.folder.is_dir():
+            self.folder.rmdir()
 
 
 class OutputLock:

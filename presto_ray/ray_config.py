@@ -108,6 +108,13 @@ class RayConfig(BaseModel):
         64, ge=0, description="Leave the preferred replica when it holds this many more queued requests than the idlest."
     )
     max_call_attempts: int = Field(4, ge=1, le=100, description="Tries of one batch across replica failures.")
+    commit_pairs: int | None = Field(
+        None, ge=1, le=1_000_000,
+        description="`sample --ray`: most (prompt, chain) pairs per committed output file. Each batch of prompts is "
+        "written and committed (file and checkpoint) as soon as its last chain ends, so a killed job loses only the "
+        "batches in flight. None: batches of about max_active_chains / (chain_actors x batches_per_actor) chains; "
+        "a smaller bound makes smaller batches and runs more of them per stage actor, so as many chains run together.",
+    )
 
     @model_validator(mode="after")
     def _autoscaling_fits(self) -> "RayConfig":

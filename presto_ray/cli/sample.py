@@ -17,7 +17,7 @@ def cmd_sample(args: argparse.Namespace) -> int:
     from presto_ray.engines import build_engine
     from presto_ray.job import run_job
     from presto_ray.models import ModelProvisionError
-    from presto_ray.output import OutputPathError, check_output_file, write_parquet_atomic
+    from presto_ray.output import OutputPathError, PartCheckpoint, check_output_file, write_parquet_atomic
     from presto_ray.progress import Progress
     from presto_ray.prompts import PromptFileError, read_prompts
 
@@ -44,15 +44,26 @@ def cmd_sample(args: argparse.Namespace) -> int:
         engine = build_engine(config.engine)
     except ModelProvisionError as e:
         return fail(str(e))
+    # finished rows go to part files as the job runs; a rerun after a kill keeps those whose
+    # inputs are unchanged (PartCheckpoint); the output file is still written once, at the end
+    parts = PartCheckpoint(args.out)
+    resumed = parts.load()
     progress = Progress(len(items) * config.chains_per_prompt, enabled=not args.quiet)
+
+    def finished(row: dict) -> None:
+        parts.add(row)
+        progress.update(f"{row['prompt_id']}#{row['chain']}")
+
     try:
-        summary = run_job(items, config, engine, on_sample=lambda row: progress.update(f"{row['prompt_id']}#{row['chain']}"))
+        summary = run_job(items, config, engine, on_sample=finished, resumed=resumed)
+        parts.flush()
     except ValueError as e:  # e.g. a prompt longer than the model's context
         return fail(str(e))
     finally:
         engine.shutdown()
     try:
         write_parquet_atomic(summary.rows, args.out)
+        parts.remove()
     except OSError as e:  # checked before sampling; the disk may still fill or the folder go
         return fail(f"--out {args.out}: cannot write the samples ({e.strerror or e})")
     print(f"wrote {len(summary.rows)} samples to {args.out}")
