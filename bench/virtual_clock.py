@@ -304,7 +304,7 @@ def _load_run(device: dict, config: SamplerConfig, chains: int) -> dict:
 
 def run_load_bench(
     *, devices: dict[str, dict] | None = None, chain_counts: dict[str, tuple[int, ...]] | None = None,
-    budget: int = 8, mh_steps: int = 16, horizon: int = 48, lengths: tuple[bool, ...] = (True, False),
+    budget: int = 8, mh_steps: int = 16, horizon: int = HORIZON, lengths: tuple[bool, ...] = (True, False),
     out_json: str | Path | None = None, progress: Callable[[str], None] = print,
 ) -> list[dict]:
     """Throughput of serial, rounds and streaming chains sharing one device, in virtual time, each
@@ -390,5 +390,8 @@ def plot_load(rows: list[dict], path: str | Path) -> None:
     for ax in axes.flat:
         ax.grid(alpha=0.3)
     axes[1][0].legend(fontsize=8)
-    fig.suptitle("Many chains on one device (T = 48, K = 16, budget 8; virtual time, not wall clock)")
+    first = rows[0] if rows else {"horizon": HORIZON, "mh_steps": 16, "prefetch_budget": 8}
+    budget = max((r["prefetch_budget"] for r in rows), default=8)
+    fig.suptitle(f"Many chains on one device (T = {first['horizon']}, K = {first['mh_steps']}, budget {budget}; "
+                 "virtual time, not wall clock)")  # fmt: skip
     save_figure(fig, path)

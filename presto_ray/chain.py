@@ -120,6 +120,7 @@ class Chain:
         self._unusable: list[StreamKey] = []
         self._no_bounds: set[RequestKey] = set()
         self._sent_bounds: dict[StreamKey, tuple[RejectionBound, ...]] = {}  # streaming: what each running request carries
+        self._bound_memo: tuple[ChainState | None, dict[tuple[int, int], RejectionBound | None]] = (None, {})
         self._skip_free_events()
 
     # --- planning ------------------------------------------------------------------------
@@ -158,9 +159,12 @@ class Chain:
             stopped_early=self._stopped_early if streaming else None,
         )
 
-    def _accept_branch_probability(self, cut_fraction: float) -> float:
+    def _accept_branch_probability(self, step: int, cut_fraction: float) -> float:
+        """The planner's chance that `step` accepts. Predictive: the predictor's, given the step's
+        keyed acceptance uniform V_j, which is known before its proposal exists."""
         if self.config.traversal == "predictive":
-            return self.predictor.accept_branch_probability(cut_fraction)
+            accept_uniform = step_keys(self.config.seed, step).accept_uniform
+            return self.predictor.accept_branch_probability(cut_fraction, accept_uniform)
         return 0.5
 
     def _select(
@@ -230,12 +234,19 @@ class Chain:
         key whose stopped completion was unusable (progress)."""
         return key in tree.root_state_keys and key not in self._no_bounds
 
-    def _rejection_bound(self, state, cut: int, event: Event) -> RejectionBound | None:
+    def _rejection_bound(self, state: ChainState, cut: int, event: Event) -> RejectionBound | None:
         """The bound of `event`'s step from `state` cut at `cut` (None where none holds). The
-        request and the walk both make it here, so they agree to the bit."""
-        horizon = event.horizon if self.config.fixed_length else None  # |y| is known at fixed length only
-        accept_uniform = step_keys(self.config.seed, event.step).accept_uniform
-        return self.kernel.rejection_bound(state, cut, accept_uniform, candidate_length=horizon)
+        request and the walk both make it here, so they agree to the bit. Memoised for the
+        current state: `bound_updates` asks again for every running request at every step."""
+        memo_key = (event.index, cut)
+        if self._bound_memo[0] is not state:
+            self._bound_memo = (state, {})
+        memo = self._bound_memo[1]
+        if memo_key not in memo:
+            horizon = event.horizon if self.config.fixed_length else None  # |y| is known at fixed length only
+            accept_uniform = step_keys(self.config.seed, event.step).accept_uniform
+            memo[memo_key] = self.kernel.rejection_bound(state, cut, accept_uniform, candidate_length=horizon)
+        return memo[memo_key]
 
     # --- walking -------------------------------------------------------------------------
     def advance(self, completions: Sequence[Completion]) -> RoundReport:

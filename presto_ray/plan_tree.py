@@ -7,7 +7,12 @@ part shrinks to the first c tokens (Condition 1), then grows by whatever the acc
 has generated so far: nothing in rounds, its finished tokens or a prefix of them when streaming
 (docs/streaming.md). A step whose cut lies beyond the known part is deferred; when the
 part it waits for is a proposal still being generated, the tree records a fork point: how many
-of that proposal's tokens the step needs.
+of that proposal's tokens the step needs, and the step is pending: its request will start at the
+fork point, so the tree goes on below it (both branches; the accept branch's known part is the
+same, the source's tokens holding only up to the step's cut). Steps further on whose cut falls
+in the known part get requests now: in fixed-length mode that is the common case (a later step
+with an earlier cut has the same prefix on every path), and starting it while the walk still
+waits above it is what lets a streaming chain finish near the time plain decoding would.
 
 Lengths: in fixed-length mode every length is exact. In EOS-aware mode the length of a state
 below an accepted proposal is unknown until the proposal exists; the planner guesses that a
@@ -47,6 +52,9 @@ class _Facts:
     whole_known: bool
     source: RequestKey | None = None  # the unfinished proposal that `known` ends with
     source_start: int = 0  # where that proposal's tokens begin in `known`
+    # below a pending step's accept edge: the source's tokens hold only up to that step's cut
+    # (a new proposal follows); None: to the state's end
+    source_end: int | None = None
 
 
 @dataclass
@@ -67,7 +75,7 @@ def build_plan_tree(
     stop_at_eos: bool,
     eos_token_id: int | None,
     cut_for: Callable[[int, int], int | None],
-    accept_branch_probability: Callable[[float], float],
+    accept_branch_probability: Callable[[int, float], float],
     max_keyed_depth: int,
     requests_per_step: int = 1,
     proposal: ProposalKnowledge | None = None,
@@ -121,10 +129,26 @@ def build_plan_tree(
             else:
                 cut = cut_for(event.step, facts.length)
                 if cut is None or cut > len(facts.known):
-                    if cut is not None and facts.source is not None:  # a fork once the source has these tokens
-                        needed = cut - facts.source_start
-                        tree.fork_points[facts.source] = min(needed, tree.fork_points.get(facts.source, needed))
-                    continue  # deferred: its prefix holds tokens not generated yet
+                    forkable = (
+                        cut is not None and facts.source is not None
+                        and (facts.source_end is None or cut <= facts.source_end)
+                    )  # fmt: skip
+                    if not forkable or facts.source is None or cut is None:
+                        continue  # deferred: its prefix holds tokens nobody is generating yet
+                    # a fork once the source has these tokens; until then the step is pending and
+                    # the walk's future beyond it is planned (requests whose prefix exists may start)
+                    needed = cut - facts.source_start
+                    tree.fork_points[facts.source] = min(needed, tree.fork_points.get(facts.source, needed))
+                    node.pending = True
+                    h_accept = accept_branch_probability(event.step, cut / event.horizon)
+                    after_accept = _Facts(facts.known, facts.length, False, facts.source, facts.source_start, cut)
+                    for child_facts, probability in ((after_accept, h_accept), (facts, 1.0 - h_accept)):
+                        if depth + 1 < max_depth:
+                            child = following.get(child_facts)
+                            if child is None:
+                                child = following[child_facts] = PlanNode(depth=depth + 1)
+                            node.children.append((child, probability))
+                    continue
                 key = node.key = (event.index, facts.known[:cut])
                 node.cost = requests_per_step
                 if facts.source is not None and cut > facts.source_start:
@@ -132,7 +156,7 @@ def build_plan_tree(
                 if facts == root_facts and stopped_early is not None and stopped_early(key):
                     branches = [(facts, 1.0)]  # rejection is certain: no accept branch
                 else:
-                    h_accept = accept_branch_probability(cut / event.horizon)
+                    h_accept = accept_branch_probability(event.step, cut / event.horizon)
                     # guess: an unfinished proposal ends where the state it replaces ended
                     branches = [(accepted(facts, key, cut, facts.length), h_accept), (facts, 1.0 - h_accept)]
             if key is not None:

@@ -48,9 +48,20 @@ class EdgePredictor:
         x = np.asarray(cut_fraction, dtype=float)[..., None]
         return _softmax_rows(self.intercepts + self.slopes * x)
 
-    def accept_branch_probability(self, cut_fraction: float) -> float:
-        """h+ = (1 + P_acc - P_rej) / 2: the probability of the accept branch."""
+    def accept_branch_probability(self, cut_fraction: float, accept_uniform: float | None = None) -> float:
+        """The probability of the accept branch: h+ = (1 + P_acc - P_rej) / 2 (an uncertain edge
+        accepts half the time), or, given the step's acceptance uniform V (the step accepts iff
+        V < its acceptance probability A), P_acc + P_unc (1 - V): an uncertain edge's A taken
+        as uniform, so it accepts with probability 1 - V. Averaged over V it is h+ again.
+
+        The uniform is keyed, so the planner knows it before the proposal exists. Measured on
+        the virtual clock (24 one-chain rows, T 96, K 10/24/100, budgets 8/20, fixed and EOS):
+        streaming 1.1% faster (geometric mean; +1-7% at budget 20, up to -1% at budget 8) with
+        0.6% more tokens; rounds unchanged; K 10 latency with EOS 1.49x -> 1.44x plain.
+        """
         p = self.class_probabilities(cut_fraction)
+        if accept_uniform is not None:
+            return float(p[ACCEPT] + p[UNCERTAIN] * min(1.0, max(0.0, 1.0 - accept_uniform)))
         return float((1.0 + p[ACCEPT] - p[REJECT]) / 2.0)
 
     def label(self, accept_probability: float) -> int:

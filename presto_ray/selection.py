@@ -2,7 +2,9 @@
 
 The input is a rooted planning DAG: each node is an event of the chain's future (the root is the
 next event of the realized state). A node either needs a request (`key`), is `free` (completes
-without one, e.g. a no-op extension), or is dead (its request cannot be formed yet: deferred).
+without one, e.g. a no-op extension), is `pending` (its request cannot be formed yet, but will be
+once a running proposal reaches a fork point: streaming), or is dead (deferred with no such
+promise).
 Children carry branch probabilities. Several nodes may need the same key: one request serves all.
 
 The walk completes a node when it is reached, all nodes above it on the realized path completed,
@@ -31,13 +33,16 @@ class PlanNode:
     depth: int
     key: Hashable | None = None
     free: bool = False
+    # deferred on a running proposal's next tokens: its request starts at the fork point, so the
+    # walk will pass it; the requests below it may start now (streaming only)
+    pending: bool = False
     value: float = 1.0  # completed events this node counts for (free nodes count 0)
     cost: int = 1  # requests its key stands for (MultiTryMH: one per try)
     children: list[tuple["PlanNode", float]] = field(default_factory=list)
 
     @property
     def dead(self) -> bool:
-        return self.key is None and not self.free
+        return self.key is None and not self.free and not self.pending
 
 
 def _propagate(alive: dict[PlanNode, float], chosen: set) -> tuple[float, dict[PlanNode, float]]:
@@ -45,8 +50,8 @@ def _propagate(alive: dict[PlanNode, float], chosen: set) -> tuple[float, dict[P
     gain = 0.0
     reached: dict[PlanNode, float] = defaultdict(float)
     for node, mass in alive.items():
-        if node.free:
-            pass
+        if node.free or node.pending:
+            pass  # completes nothing now, passes its mass on
         elif node.key is not None and node.key in chosen:
             gain += mass * node.value
         else:
@@ -96,7 +101,7 @@ def select_breadth_first(root: PlanNode, budget: int, issued: Iterable[Hashable]
         for node in frontier:
             if node.dead:
                 continue
-            if not node.free and node.key not in chosen_set:
+            if node.key is not None and not node.free and node.key not in chosen_set:
                 if spent + node.cost > budget:
                     continue
                 chosen.append(node.key)
@@ -159,7 +164,7 @@ def select_max_expected(
                 cost_of[node.key] = node.cost
         candidates = [k for k in mass_by_key if mass_by_key[k] >= cost_per_request * cost_of[k]]
         candidates = sorted(candidates, key=mass_by_key.__getitem__, reverse=True)[:MAX_KEYS_PER_DEPTH]
-        passes_without_new_key = any(n.free or (n.key in chosen_set) for n in alive)
+        passes_without_new_key = any(n.free or n.pending or (n.key in chosen_set) for n in alive)
         for size in range(len(candidates), -1, -1):
             if size == 0 and not passes_without_new_key:
                 break

@@ -45,3 +45,17 @@ def test_refit_keeps_three_classes(strength):
     for _ in range(5):
         predictor.observe(0.9, 1.0)  # only one class observed
     assert predictor.num_fits == 1 and predictor.intercepts.shape == (3,)
+
+
+@pytest.mark.parametrize("cut_fraction", [0.05, 0.5, 0.95])
+def test_the_accept_uniform_sharpens_the_branch_probability(cut_fraction):
+    """Given V the accept branch is P_acc + P_unc (1 - V): it falls as V grows, lies between
+    P_acc and P_acc + P_unc, and averages over V to the h+ that does not know V."""
+    predictor = EdgePredictor()
+    p = predictor.class_probabilities(cut_fraction)
+    grid = (np.arange(10_000) + 0.5) / 10_000
+    given_v = np.array([predictor.accept_branch_probability(cut_fraction, v) for v in grid])
+    assert np.all(np.diff(given_v) < 0)
+    assert given_v[0] == pytest.approx(p[ACCEPT] + p[UNCERTAIN], abs=1e-3)
+    assert given_v[-1] == pytest.approx(p[ACCEPT], abs=1e-3)
+    assert given_v.mean() == pytest.approx(predictor.accept_branch_probability(cut_fraction), abs=1e-9)

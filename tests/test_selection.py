@@ -9,15 +9,17 @@ from presto_ray.selection import PlanNode, expected_completed, select_breadth_fi
 
 
 def random_tree(rng: random.Random, max_depth: int, keys_per_depth: int, costs: bool = False) -> PlanNode:
-    """A random planning tree: shared keys within a depth, free and dead nodes, random branches."""
+    """A random planning tree: shared keys within a depth, free, pending and dead nodes, random branches."""
 
     def make(depth: int) -> PlanNode:
         node = PlanNode(depth=depth)
         kind = rng.random()
-        if depth > 0 and kind < 0.1:
+        if depth > 0 and kind < 0.08:
             return node  # dead: deferred
-        if depth > 0 and kind < 0.2:
+        if depth > 0 and kind < 0.16:
             node.free, node.value = True, 0.0
+        elif depth > 0 and kind < 0.24:
+            node.pending = True  # deferred on a fork point: no request now, the walk will pass it
         else:
             node.key = (depth, rng.randrange(keys_per_depth))
             node.cost = 1 + (hash(node.key) % 2 if costs else 0)  # one cost per key, as in the planner
@@ -31,7 +33,7 @@ def random_tree(rng: random.Random, max_depth: int, keys_per_depth: int, costs: 
 
 def reference_value(node: PlanNode, keys: set) -> float:
     """Independent recursive evaluation of the expected completed events."""
-    if node.free:
+    if node.free or node.pending:
         own = 0.0
     elif node.key is not None and node.key in keys:
         own = node.value

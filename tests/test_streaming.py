@@ -106,3 +106,32 @@ def test_sample_and_sample_many_stream_on_the_toy():
     assert sample(engine, prompts[0], configs[0].model_copy(update={"schedule": "streaming"})).token_ids == rounds[0].token_ids
     with pytest.raises(ValueError, match="one schedule"):
         sample_many(engine, prompts[:2], [configs[0], configs[1].model_copy(update={"schedule": "streaming"})])
+
+
+def test_requests_below_a_step_waiting_for_its_fork_point_start_now():
+    """A step whose cut lies beyond what the running proposal has generated is pending: its request
+    starts at the fork point, and the plan goes on below it. A later step whose cut falls in the
+    tokens that exist has the same prefix on both of the pending step's branches (fixed length),
+    so its request starts now, not after the pending step is walked."""
+    toy = ToyEngine(vocab_size=64, logit_scale=4.0, eos_bias=-3.0, seed=1)
+    known = 20
+    for seed in range(50):
+        config = SamplerConfig(block_size=96, mh_steps=10, prefetch_budget=20, speculation_gain=0.0, seed=seed,
+                               fixed_length=True, schedule="streaming")  # fmt: skip
+        chain = Chain([5, 6, 7], config, toy.eos_token_id)
+        cuts = [chain._planned_cut(step, 96) for step in range(10)]
+        if cuts[0] > known and any(c < known for c in cuts[1:]):
+            break
+    else:
+        raise AssertionError("no seed with a first cut beyond the known tokens and a later one inside")
+    (extension,) = chain.start_requests()
+    assert extension.key[0] == 0  # the block's first generation
+    partial = tuple(toy.generate([extension.request]).completions[0].token_ids[:known])
+    chain.observe_progress(extension.key, partial)
+    # the first pending step's fork point unlocks the next request (other steps may wait too)
+    assert chain.fork_points() == {extension.key: min(c for c in cuts if c > known)}
+    started = {start.key[:2] for start in chain.start_requests()}
+    inside = {(1 + step, partial[:cut]) for step, cut in enumerate(cuts) if cut < known}
+    assert inside and inside <= started, (cuts, sorted(k[0] for k in started))
+    # the pending step itself has no request yet: its prefix does not exist
+    assert not any(key[0] == 1 for key in started)
