@@ -8,10 +8,8 @@ the coordinator shards. The batch job, the HTTP service and the Ray bench all st
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -24,6 +22,7 @@ from actors.coordinator_shards import CoordinatorShards, shard_replicas
 from actors.coordinator_stats import CoordinatorSnapshot
 from actors.engine_replica import EngineReplica
 from actors.replica_autoscaler import ReplicaAutoscaler
+from presto_ray import process_watchdog
 from presto_ray.engines import EngineConfig
 from presto_ray.ray_config import RayConfig
 
@@ -34,9 +33,10 @@ def ensure_ray(address: str | None = None, quiet: bool = False) -> None:
 
     A local Ray started here is watched: Ray's own processes die with a driver that exits, but
     some (its dashboard and runtime-env agents) outlive a SIGKILLed one. A small watchdog process
-    (`LOCAL_RAY_WATCHDOG`, its own session) keeps a list of the driver's process tree and stops
-    what is left of it once the driver is gone; should the watchdog be killed too, the next local
-    start stops them from the list it left in `LOCAL_RAY_RECORDS` (and says so on stderr)."""
+    (presto_ray/process_watchdog.py, its own session, no Ray import) keeps a record of the
+    driver's process tree and stops what is left of it once the driver is gone; should the
+    watchdog be killed too, the next local start stops them from the record it left in
+    `LOCAL_RAY_RECORDS` (and says so on stderr)."""
     if not ray.is_initialized():
         local = address is None and not os.environ.get("RAY_ADDRESS") and sys.platform.startswith("linux")
         if local:
@@ -46,102 +46,13 @@ def ensure_ray(address: str | None = None, quiet: bool = False) -> None:
             _watch_local_ray()
 
 
-# Lists of local Ray processes, one per driver that started a local Ray, for its watchdog.
+# Records of local Ray processes, one per driver that started a local Ray, for its watchdog.
 LOCAL_RAY_RECORDS = Path(tempfile.gettempdir()) / "presto-ray-local"
-# The watchdog, and the next run's clean-up (`reap`), as one stand-alone script: no Ray import,
-# a few MB of memory for the job's duration. Processes are named by (pid, start time), so a pid the
-# system reused is never touched.
-LOCAL_RAY_WATCHDOG = r"""
-import json, os, signal, sys, time
-
-def start_time(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().rpartition(")")[2].split()[19])
-    except (OSError, ValueError, IndexError):
-        return None
-
-def tree(root):
-    kids = {}
-    for name in os.listdir("/proc"):
-        try:
-            with open(f"/proc/{name}/stat") as f:
-                kids.setdefault(int(f.read().rpartition(")")[2].split()[1]), []).append(int(name))
-        except (OSError, ValueError, IndexError):
-            pass
-    found, todo = {}, list(kids.get(root, []))
-    while todo:
-        pid = todo.pop()
-        if pid not in found and (t := start_time(pid)) is not None:
-            found[pid] = t
-            todo.extend(kids.get(pid, []))
-    return found
-
-def alive(pair):
-    return bool(pair) and start_time(pair[0]) == pair[1]
-
-def reap(procs):
-    stopped = 0
-    for pid, t in procs:
-        if start_time(pid) == t:
-            try:
-                os.kill(pid, signal.SIGKILL)
-                stopped += 1
-            except OSError:
-                pass
-    return stopped
-
-def write(path, record):
-    with open(f"{path}.tmp", "w") as f:
-        json.dump(record, f)
-    os.replace(f"{path}.tmp", path)
-
-if sys.argv[1] == "watch":
-    path = sys.argv[2]
-    with open(path) as f:
-        record = json.load(f)
-    me = os.getpid()
-    record["watchdog"] = [me, start_time(me)]
-    procs = {}
-    while alive(record["driver"]):
-        found = {p: t for p, t in tree(record["driver"][0]).items() if p != me}
-        if set(found.items()) - set(procs.items()) or "procs" not in record:
-            procs.update(found)
-            record["procs"] = sorted(procs.items())
-            write(path, record)
-        time.sleep(1.0)
-    time.sleep(3.0)  # a driver that exited shuts its Ray down itself
-    reap(record.get("procs", []))
-    os.unlink(path)
-else:  # reap FOLDER: the lists of drivers and watchdogs both gone
-    stopped = 0
-    for name in os.listdir(sys.argv[2]):
-        path = os.path.join(sys.argv[2], name)
-        try:
-            with open(path) as f:
-                record = json.load(f)
-        except (OSError, ValueError):
-            continue
-        if alive(record.get("driver")) or alive(record.get("watchdog")):
-            continue
-        stopped += reap(record.get("procs", []))
-        os.unlink(path)
-    print(stopped)
-"""
 
 
 def reap_leftover_local_ray() -> int:
     """Stop the processes of local Rays whose driver and watchdog were both killed; how many."""
-    if not LOCAL_RAY_RECORDS.is_dir():
-        return 0
-    try:
-        done = subprocess.run(
-            [sys.executable, "-c", LOCAL_RAY_WATCHDOG, "reap", str(LOCAL_RAY_RECORDS)],
-            capture_output=True, text=True, timeout=60,
-        )  # fmt: skip
-        stopped = int(done.stdout.strip() or 0)
-    except (OSError, ValueError, subprocess.TimeoutExpired):
-        return 0
+    stopped = process_watchdog.reap(LOCAL_RAY_RECORDS)
     if stopped:
         print(f"presto-ray: stopped {stopped} Ray process(es) left behind by a killed run", file=sys.stderr)
     return stopped
@@ -149,19 +60,7 @@ def reap_leftover_local_ray() -> int:
 
 def _watch_local_ray() -> None:
     """Start the watchdog of the local Ray this driver just started."""
-    try:
-        LOCAL_RAY_RECORDS.mkdir(parents=True, exist_ok=True)
-        me = os.getpid()
-        with open(f"/proc/{me}/stat") as f:
-            started = int(f.read().rpartition(")")[2].split()[19])
-        record = LOCAL_RAY_RECORDS / f"{me}-{started}.json"
-        record.write_text(json.dumps({"driver": [me, started], "session": _session_dir()}))
-        subprocess.Popen(
-            [sys.executable, "-c", LOCAL_RAY_WATCHDOG, "watch", str(record)],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-        )  # fmt: skip
-    except (OSError, ValueError):
-        pass  # no watchdog: Ray's own clean-up only
+    process_watchdog.start_watchdog(LOCAL_RAY_RECORDS, session=_session_dir())
 
 
 def _session_dir() -> str | None:

@@ -26,6 +26,8 @@ import os
 import socket
 import statistics
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -377,14 +379,10 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_load_test(
-    client_counts: list[int],
-    duration_s: float,
-    passes: int = 2,
-    out_json: str | Path | None = None,
-    progress: Callable[[str], None] = print,
-) -> dict:
-    """Start the toy service on 127.0.0.1 (its own local Ray), run the rounds, stop everything."""
+@contextmanager
+def toy_service(name: str) -> Iterator[str]:
+    """The toy service (`TOY_SERVICE`) as Serve application `name` on 127.0.0.1 at a free port,
+    on its own local Ray; its URL. Serve and Ray are stopped after."""
     import ray
     from ray import serve
 
@@ -397,18 +395,36 @@ def run_load_test(
     ray.init(address="local", include_dashboard=False, configure_logging=False, log_to_driver=False)
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": port})
-        serve.run(app_for(config), name="load", route_prefix="/")
-        url = f"http://127.0.0.1:{port}"
-        progress(f"service up at {url}; {passes} passes over {client_counts} clients, {duration_s:g} s each")
-        rows = run_rounds(url, client_counts, duration_s, passes, progress=progress)
+        serve.run(app_for(config), name=name, route_prefix="/")
+        yield f"http://127.0.0.1:{port}"
     finally:
         serve.shutdown()
         ray.shutdown()
-    report = {
+
+
+def _report_head() -> dict:
+    """What every report starts with: when, which version, the machine, the service."""
+    return {
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "version": __version__,
         "machine": {"cpus": os.cpu_count(), "load_average_at_end": os.getloadavg()},
         "service": TOY_SERVICE,
+    }
+
+
+def run_load_test(
+    client_counts: list[int],
+    duration_s: float,
+    passes: int = 2,
+    out_json: str | Path | None = None,
+    progress: Callable[[str], None] = print,
+) -> dict:
+    """Start the toy service on 127.0.0.1 (its own local Ray), run the rounds, stop everything."""
+    with toy_service("load") as url:
+        progress(f"service up at {url}; {passes} passes over {client_counts} clients, {duration_s:g} s each")
+        rows = run_rounds(url, client_counts, duration_s, passes, progress=progress)
+    report = {
+        **_report_head(),
         "mix": MIX,
         "duration_s": duration_s,
         "rows": rows,
@@ -546,28 +562,13 @@ def soak_verdict(samples: list[dict]) -> dict:
 
 def run_soak(total: int, clients: int, sample_every_s: float = 5.0, out_json: str | Path | None = None) -> dict:
     """Start the toy service on 127.0.0.1 (its own local Ray), soak it, stop everything."""
-    import ray
-    from ray import serve
+    from deployments.serve_app import PROXY_CALLBACK, PROXY_CALLBACK_ENV
 
-    from deployments.serve_app import PROXY_CALLBACK, PROXY_CALLBACK_ENV, app_for
-    from presto_ray.job import JobConfig
-
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    os.environ.setdefault(PROXY_CALLBACK_ENV, PROXY_CALLBACK)
-    config = JobConfig.model_validate(TOY_SERVICE)
-    port = _free_port()
-    ray.init(address="local", include_dashboard=False, configure_logging=False, log_to_driver=False)
-    try:
-        serve.start(http_options={"host": "127.0.0.1", "port": port})
-        serve.run(app_for(config), name="soak", route_prefix="/")
-        soak = run_soak_rounds(f"http://127.0.0.1:{port}", total, clients, sample_every_s)
-    finally:
-        serve.shutdown()
-        ray.shutdown()
+    os.environ.setdefault(PROXY_CALLBACK_ENV, PROXY_CALLBACK)  # read by Serve's proxy as it starts
+    with toy_service("soak") as url:
+        soak = run_soak_rounds(url, total, clients, sample_every_s)
     report = {
-        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"), "version": __version__,
-        "machine": {"cpus": os.cpu_count(), "load_average_at_end": os.getloadavg()}, "service": TOY_SERVICE,
-        "mix": MIX, "bad_every": SOAK_BAD_EVERY, "figures": "wall clock, this machine", **soak,
+        **_report_head(), "mix": MIX, "bad_every": SOAK_BAD_EVERY, "figures": "wall clock, this machine", **soak,
     }  # fmt: skip
     if out_json:
         write_json_atomic(report, out_json)

@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from presto_ray.output import read_samples
+from presto_ray.process_watchdog import process_tree, start_time
 
 pytest.importorskip("ray.data")
 
@@ -25,32 +26,6 @@ from ray_helpers import assert_same_samples, reference, toy_job, with_engine  # 
 
 REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.ray  # starts its own local Ray (no fixture to read the tier off)
-
-
-def _start_time(pid: int) -> int | None:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = stat.rpartition(")")[2].split()
-    return None if fields[0] == "Z" else int(fields[19])  # a zombie holds nothing but its pid
-
-
-def _descendants(root: int) -> dict[int, int]:
-    kids: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        try:
-            kids.setdefault(int(entry.joinpath("stat").read_text().rpartition(")")[2].split()[1]), []).append(int(entry.name))
-        except (OSError, ValueError, IndexError):
-            pass
-    found: dict[int, int] = {}
-    todo = list(kids.get(root, []))
-    while todo:
-        pid = todo.pop()
-        if pid not in found and (started := _start_time(pid)) is not None:
-            found[pid] = started
-            todo.extend(kids.get(pid, []))
-    return found
 
 
 def _committed(out: Path) -> list[Path]:
@@ -82,9 +57,9 @@ def test_a_killed_ray_driver_keeps_its_finished_batches_and_leaves_no_ray_behind
     deadline = time.monotonic() + 240
     while len(_committed(out)) < 2 and time.monotonic() < deadline:  # a file per prompt (commit_pairs = 2 chains)
         assert first.poll() is None, first.stdout.read() if first.stdout else ""
-        ray_processes.update(_descendants(first.pid))
+        ray_processes.update(process_tree(first.pid))
         time.sleep(0.05)
-    ray_processes.update(_descendants(first.pid))
+    ray_processes.update(process_tree(first.pid))
     first.send_signal(signal.SIGKILL)
     first.wait()
     assert len(ray_processes) >= 3, ray_processes  # gcs, raylet, agents, workers
@@ -94,7 +69,7 @@ def test_a_killed_ray_driver_keeps_its_finished_batches_and_leaves_no_ray_behind
 
     # the killed driver's watchdog stops what is left of its Ray (the agents outlived it before)
     deadline = time.monotonic() + 30
-    while (left := [p for p, t in ray_processes.items() if _start_time(p) == t]) and time.monotonic() < deadline:
+    while (left := [p for p, t in ray_processes.items() if start_time(p) == t]) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not left, f"Ray processes outlived the killed driver: {left}"
 
@@ -111,7 +86,7 @@ def test_a_killed_ray_driver_keeps_its_finished_batches_and_leaves_no_ray_behind
 
 def test_a_killed_in_process_job_resumes_from_its_part_files(tmp_path):
     """`presto-ray sample` without --ray: finished rows go to `.<out>.parts/` as the job runs (a
-    part per 16 rows or 5 s); the rerun keeps them (their `inputs` key unchanged), samples the
+    part once 16 rows are pending or a row finishes 5 s after the last part); the rerun keeps them (their `inputs` key unchanged), samples the
     rest and writes the one output file atomically, the in-process samples; the parts go."""
     from presto_ray.output import PartCheckpoint
 

@@ -695,30 +695,40 @@ def _read_until_closed(s, deadline: float) -> bytes:
 def test_stalled_bodies_get_a_408_and_do_not_keep_good_requests_out(toy_service):
     """N connections send their headers (Content-Length: 100) and no body: a good request is
     answered at once meanwhile, and each stalled one gets 408 and is closed within the bound."""
-    import time
     from urllib.parse import urlparse
 
     url, _ = toy_service
-    parsed = urlparse(url)
     head = (
-        f"POST {parsed.path}/v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"POST {urlparse(url).path}/v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
         "Content-Length: 100\r\n\r\n"
     ).encode()
-    stalled = [_raw_request(parsed.hostname, parsed.port, head, 30) for _ in range(32)]
+    _stalled_get_408s_while_a_good_request_is_answered(url, [head] * 32, READ_TIMEOUT_S, slack_s=10, settle_s=0.5)
+
+
+def _stalled_get_408s_while_a_good_request_is_answered(
+    url: str, heads: list[bytes], bound_s: float, slack_s: float, settle_s: float = 0.0
+) -> None:
+    """One raw connection per head, each sending it and stalling; after `settle_s`, a good request
+    is answered within `bound_s`, and every stalled one gets a 408 `timeout_error` and is closed
+    within `bound_s + slack_s` (one bound for all of them)."""
+    import time
+    from urllib.parse import urlparse
+
+    parsed = urlparse(url)
+    stalled = [_raw_request(parsed.hostname, parsed.port, head, 30) for head in heads]
     started = time.monotonic()
     try:
-        time.sleep(0.5)  # every stalled request has reached the ingress
+        time.sleep(settle_s)
         good = httpx.post(f"{url}/v1/completions", json=GOOD, timeout=60)
-        assert good.status_code == 200 and time.monotonic() - started < READ_TIMEOUT_S, time.monotonic() - started
-        deadline = started + READ_TIMEOUT_S + 10  # one bound for all of them
-        answers = [_read_until_closed(s, deadline) for s in stalled]
+        assert good.status_code == 200 and time.monotonic() - started < bound_s, time.monotonic() - started
+        answers = [_read_until_closed(s, started + bound_s + slack_s) for s in stalled]
         took = time.monotonic() - started
     finally:
         for s in stalled:
             s.close()
     for answer in answers:
         assert answer.startswith(b"HTTP/1.1 408") and b'"timeout_error"' in answer and answer.endswith(b"<closed>"), answer[:300]
-    assert took < READ_TIMEOUT_S + 10, took
+    assert took < bound_s + slack_s, took
 
 
 def _ingress_logs(app: str) -> dict[str, str]:
@@ -836,24 +846,8 @@ def test_stalled_headers_are_closed_by_the_proxy_and_do_not_keep_good_requests_o
     connections that send part of their headers and stall, and N that send nothing; a good
     request is answered at once meanwhile, and each stalled one gets 408 and is closed within
     the bound (PRESTO_RAY_HEADER_TIMEOUT_S, set for the session's Ray above)."""
-    import time
-    from urllib.parse import urlparse
-
     url, _ = toy_service
-    parsed = urlparse(url)
-    stalled = [_raw_request(parsed.hostname, parsed.port, head, 30) for head in [PARTIAL_HEAD] * 32 + [b""] * 32]
-    started = time.monotonic()
-    try:
-        good = httpx.post(f"{url}/v1/completions", json=GOOD, timeout=60)
-        assert good.status_code == 200 and time.monotonic() - started < HEADER_TIMEOUT_S, time.monotonic() - started
-        answers = [_read_until_closed(s, started + HEADER_TIMEOUT_S + 5) for s in stalled]
-        took = time.monotonic() - started
-    finally:
-        for s in stalled:
-            s.close()
-    for answer in answers:
-        assert answer.startswith(b"HTTP/1.1 408") and b'"timeout_error"' in answer and answer.endswith(b"<closed>"), answer[:300]
-    assert took < HEADER_TIMEOUT_S + 5, took
+    _stalled_get_408s_while_a_good_request_is_answered(url, [PARTIAL_HEAD] * 32 + [b""] * 32, HEADER_TIMEOUT_S, slack_s=5)
 
 
 # --- a client that leaves while a chain's chain_finished is in flight ----------------------------
