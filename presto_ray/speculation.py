@@ -46,10 +46,18 @@ def speculation_threshold(prefetch_budget: int, speculation_gain: float) -> floa
     tokens themselves; one constant for all budgets is too weak at 8 or too strong at 20 (0.3 at
     budget 20 was slower than rounds at K = 100 and gave 3.6x over serial at K = 24). 3.2 / budget
     (0.4 at 8, 0.16 at 20) spent no more tokens than rounds and ran faster than rounds in all
-    twelve rows; 2.4 / budget spent more than rounds at K = 10, budget 20. The cap keeps small
-    budgets speculating: at budget 4 (K = 24) 0.5 gave 2.43x over serial with 1.07x serial's
-    tokens, rounds 2.04x with 1.08x. The budget is the configured `prefetch_budget`, not the share
-    a loaded device leaves (`streaming_budget`).
+    twelve rows; 2.4 / budget spent more than rounds at K = 10, budget 20. Those runs (2026-11-29
+    and -30) used the planner of that time. With the current one (it plans past a step waiting
+    for a fork point, and conditions the accept branch on the step's keyed uniform;
+    bench/results/virtual_clock.json, 2026-12-01) streaming at 3.2 / budget is faster than rounds
+    in all 24 rows, early rejection off and on (1.20-1.77x rounds' speed), but spends more tokens
+    than rounds in five, all at budget 20 (tokens vs serial's, streaming against rounds): off,
+    EOS at K = 10 (1.442 against 1.440) and K = 100 (1.39 against 1.36); on, K = 10 at fixed
+    length (1.33 against 1.27) and with EOS (1.34 against 1.27), and EOS at K = 100 (0.97
+    against 0.88). The gain has not been refitted. The cap keeps small budgets speculating: at
+    budget 4 (K = 24) 0.5 gave 2.43x over serial with 1.07x serial's tokens, rounds 2.04x with
+    1.08x. The budget is the configured `prefetch_budget`, not the share a loaded device leaves
+    (`streaming_budget`).
     """
     if speculation_gain <= 0.0:
         return 0.0
