@@ -223,6 +223,8 @@ def run_data_job(
             "id_column": processor_config.columns.id,
             "checkpoint_key": INPUT_KEY_COLUMN,  # older folders were keyed by id alone
         }
+        if processor_config.rows != "prompts":  # recorded only when not the default, so older folders still match
+            record["rows"] = processor_config.rows
         _check_job_record(fs, out_path, record)
         _refuse_changed_prompts(prompts, out, fs, out_path, processor_config.columns)
         before = _data_files(fs, out_path)

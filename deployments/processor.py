@@ -18,9 +18,9 @@ It lives above the library (which runs without Ray): deployments/data_job.py run
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from presto_ray.data_columns import InputColumnsConfig
 from presto_ray.job import JobConfig
@@ -45,6 +45,21 @@ class ProcessorConfig(BaseModel):
         4, ge=1, le=1024, description="Batches each stage actor runs at once (their chains share its event loop)."
     )
     fail_fast: bool = Field(False, description="Stop the job at the first bad prompt instead of writing its error.")
+    rows: Literal["prompts", "requests"] = Field(
+        "prompts",
+        description="What an input row is. `prompts`: an id and a prompt or messages, sampled by chains_per_prompt "
+        "chains seeded from the job seed and the id. `requests` (what `presto-ray eval --ray` writes): one explicit "
+        "piece of work per row, its prompt already tokenized (`request_token_ids`) with its own seed "
+        "(`request_seed`) and `request_temperature`: null for one chain of the job's sampler, a number for one "
+        "plain generation at that temperature up to the horizon; the output adds logp0, logq, finish_reason, "
+        "sample_stats, started_at and finished_at (actors/sampling_stage.py). Needs chains_per_prompt 1.",
+    )
+
+    @model_validator(mode="after")
+    def _one_chain_per_request(self) -> "ProcessorConfig":
+        if self.rows == "requests" and self.job.chains_per_prompt != 1:
+            raise ValueError("rows='requests' runs one chain or generation per row: chains_per_prompt must be 1")
+        return self
 
     @classmethod
     def from_job(cls, job: JobConfig, **overrides: Any) -> "ProcessorConfig":
@@ -86,6 +101,7 @@ class PowerSamplingProcessor:
                 config_json=c.job.model_dump_json(),
                 columns=c.columns,
                 fail_fast=c.fail_fast,
+                rows=c.rows,
             ),
         )
 

@@ -20,6 +20,11 @@ speculative proposals included), engine time, wall time, and the mean log p0 of 
 
 Prompts come from the task's template (eval_config.py), answers are graded by the task's grader
 (presto_ray/tasks/; the built-in arithmetic task by eval_tasks.grade).
+
+Where the sampling runs is an `EvalRunner`: `BackendRunner` drives a Backend (the in-process
+engine, or RayBackend) itself; `presto-ray eval --ray` injects deployments/eval_job.py's runner,
+which runs each method as a resumable Ray Data job. Every runner gets the same requests and chain
+configs with the same `method_seed` seeds, so every runner gives the same answers.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Generic, Protocol, Sequence, TypeVar, runtime_checkable
 
 import numpy as np
 
@@ -36,7 +41,7 @@ from presto_ray import eval_tasks
 from presto_ray.backend import Backend, LocalBackend
 from presto_ray.config import SamplerConfig
 from presto_ray.driver import sample_many
-from presto_ray.engines.base import CallAccounting, Completion, ProposalRequest
+from presto_ray.engines.base import CallAccounting, Completion, ProposalRequest, Tokenizer
 from presto_ray.eval_config import EvalConfig
 from presto_ray.keys import derive_seed
 from presto_ray.progress import Progress
@@ -112,12 +117,51 @@ class EvalReport:
 @dataclass
 class _Cost:
     wall_time_s: float
-    engine_time_s: float | None  # seconds in engine calls (streaming: the stream's span); None on Ray
+    engine_time_s: float | None  # seconds in engine calls (streaming: the stream's span); None where unknown
     engine_generated_tokens: int | None  # the engine's own count (streaming: aborted requests' tokens too)
 
 
-class _Runner:
-    """Plain generations and chains through the backend. In process it calls the backend's engine
+T = TypeVar("T")
+
+
+@dataclass
+class MethodRun(Generic[T]):
+    """What a runner returns for one method: the outputs in input order, what the engine spent on
+    them in this run (None where the runner cannot tell), and how many of its rows a previous run
+    had finished (a resumed run reuses them: the engine figures count only this run's work)."""
+
+    outputs: list[T]
+    accounting: CallAccounting | None
+    resumed: int = 0
+
+
+@runtime_checkable
+class EvalRunner(Protocol):
+    """Where `run_eval`'s sampling runs. `keys[k]` names output k stably across runs (the problem's
+    id, the sample and the candidate), so a runner may resume by it; the requests and configs carry
+    their seeds (`method_seed`), and a runner must return exactly what the engine or chain gives
+    for them."""
+
+    tokenizer: Tokenizer
+    context_length: int | None  # the engine's context in tokens, checked before any sampling; None: unknown
+
+    def start(self) -> None:
+        """Called once after the checks, before the first method is timed (e.g. start the engines)."""
+        ...
+
+    def generations(self, method: str, requests: Sequence[ProposalRequest], keys: Sequence[str]) -> MethodRun[Completion]:
+        """Plain completions of `requests` (greedy, temperature sampling, best_of_n's candidates)."""
+        ...
+
+    def chains(
+        self, method: str, prompts: Sequence[Sequence[int]], configs: Sequence[SamplerConfig], keys: Sequence[str]
+    ) -> MethodRun[SampleResult]:
+        """One chain per (prompt, config) (power)."""
+        ...
+
+
+class BackendRunner:
+    """Plain generations and chains through a Backend. In process it calls the backend's engine
     and driver itself, for the engine's accounting and a progress bar that moves per chain."""
 
     def __init__(self, backend: Backend, batch_size: int, show_progress: bool) -> None:
@@ -125,8 +169,13 @@ class _Runner:
         self.local = backend if isinstance(backend, LocalBackend) else None
         self.batch_size = batch_size
         self.show_progress = show_progress
+        self.tokenizer = backend.tokenizer
+        self.context_length: int | None = getattr(getattr(backend, "engine", None), "context_length", None)
 
-    def generate(self, name: str, requests: Sequence[ProposalRequest]) -> tuple[list[Completion], CallAccounting | None]:
+    def start(self) -> None:
+        """The backend's engine is running already."""
+
+    def generations(self, method: str, requests: Sequence[ProposalRequest], keys: Sequence[str]) -> MethodRun[Completion]:
         bar = Progress(len(requests), enabled=self.show_progress)
         completions: list[Completion] = []
         accounting = CallAccounting() if self.local else None
@@ -139,26 +188,26 @@ class _Runner:
             else:
                 completions.extend(self.backend.generate(part))
             for _ in part:
-                bar.update(name)
-        return completions, accounting
+                bar.update(method)
+        return MethodRun(completions, accounting)
 
-    def sample(
-        self, name: str, prompts: Sequence[Sequence[int]], configs: Sequence[SamplerConfig]
-    ) -> tuple[list[SampleResult], CallAccounting | None]:
+    def chains(
+        self, method: str, prompts: Sequence[Sequence[int]], configs: Sequence[SamplerConfig], keys: Sequence[str]
+    ) -> MethodRun[SampleResult]:
         bar = Progress(len(prompts), enabled=self.show_progress)
         if self.local is not None:
             results, accounting = sample_many(
                 self.local.engine, prompts, configs, max_active_chains=self.local.max_active_chains,
-                on_result=lambda _i, _r: bar.update(name),
+                on_result=lambda _i, _r: bar.update(method),
             )  # fmt: skip
-            return results, accounting
+            return MethodRun(results, accounting)
         out: list[SampleResult] = []
         for start in range(0, len(prompts), self.batch_size):
             part = self.backend.sample(prompts[start : start + self.batch_size], configs[start : start + self.batch_size])
             out.extend(part)
             for _ in part:
-                bar.update(name)
-        return out, None
+                bar.update(method)
+        return MethodRun(out, None)
 
 
 def _cost(wall: float, accounting: CallAccounting | None) -> _Cost:
@@ -187,7 +236,7 @@ def _grade_all(grader: Grader, jobs: list[tuple[Problem, str]], parallel: bool) 
 
 def _summary(
     name: str, detail: str, problems: Sequence[Problem], answers: list[Answer], cost: _Cost, grade_time_s: float,
-    chains: SampleStats | None = None,
+    chains: SampleStats | None = None, resumed: int = 0,
 ) -> dict[str, Any]:
     n = len(problems)
     per_problem: dict[str, list[bool]] = {}
@@ -229,6 +278,7 @@ def _summary(
         "engine_time_s": cost.engine_time_s,
         "wall_time_s": cost.wall_time_s,
         "grade_time_s": grade_time_s,
+        "resumed_rows": resumed,  # rows (answers; best_of_n: candidates) a previous run had finished
     }
     if name == "best_of_n":
         right = [any(c["correct"] for c in a.candidates or []) for a in answers]
@@ -252,7 +302,7 @@ def default_grader(task: str, eval_config: EvalConfig) -> Grader:
 
 
 def run_eval(
-    backend: Backend,
+    backend: Backend | EvalRunner,
     problems: Sequence[Problem | eval_tasks.Problem],
     config: SamplerConfig,
     *,
@@ -266,7 +316,8 @@ def run_eval(
     show_progress: bool = False,
 ) -> EvalReport:
     """Answer every problem with every method and grade the answers (seeds: `method_seed` of
-    `seed`, by default the sampler's)."""
+    `seed`, by default the sampler's). `backend` is a Backend (driven by BackendRunner) or any
+    EvalRunner (`presto-ray eval --ray`: deployments/eval_job.py)."""
     seed = config.seed if seed is None else seed
     unknown = set(methods) - set(METHODS)
     if unknown:
@@ -278,13 +329,14 @@ def run_eval(
     if other := {p.task for p in items} - {task}:
         raise ValueError(f"problems of the task {task!r} only, not {sorted(other)}")
     grader = grader or default_grader(task, eval_config)
-    tokenizer = backend.tokenizer
+    runner = backend if isinstance(backend, EvalRunner) else BackendRunner(backend, eval_config.batch_size, show_progress)
+    tokenizer = runner.tokenizer
     prompts = []
     for p in items:
         text, chat = eval_config.prompt(task, p.fields.get("question", p.prompt))
         prompts.append(tuple(tokenizer.encode(text) if chat else tokenizer.encode_raw(text)))
     horizon = config.horizon
-    context = getattr(getattr(backend, "engine", None), "context_length", None)
+    context = runner.context_length
     for p, prompt in zip(items, prompts):  # before any sampling: not after hours of work
         if context is not None and (problem := context_problem(len(prompt), horizon, context, "horizon")):
             raise ValueError(f"problem id={p.id!r}: {problem}")
@@ -297,7 +349,7 @@ def run_eval(
         "best_of_n": f"best of {best_n} at tau {config.tau:.3g} by mean log p0 per token",
         "power": f"{config.sampler} alpha {config.alpha:g}, K {config.mh_steps}, {config.traversal}/{config.schedule}",
     }
-    runner = _Runner(backend, eval_config.batch_size, show_progress)
+    runner.start()
     parallel_grading = task == "humaneval"
     summaries, all_answers = [], {}
     for name in methods:
@@ -309,8 +361,9 @@ def run_eval(
         answers: list[Answer] = []
         if name == "power":
             configs = [config.model_copy(update={"seed": method_seed(seed, name, i, s)}) for i, s in slots]
-            results, accounting = runner.sample(name, [prompts[i] for i, _ in slots], configs)
-            cost = _cost(time.perf_counter() - start, accounting)
+            chain_run = runner.chains(name, [prompts[i] for i, _ in slots], configs, [f"{items[i].id}/s{s}" for i, s in slots])
+            results, resumed = chain_run.outputs, chain_run.resumed
+            cost = _cost(time.perf_counter() - start, chain_run.accounting)
             chains = SampleStats()
             for r in results:
                 chains.add(r.stats)
@@ -325,8 +378,10 @@ def run_eval(
                                 method_seed(seed, name, i, s, c if name == "best_of_n" else None), stop_at_eos=True)
                 for i, s in slots for c in range(n)
             ]  # fmt: skip
-            completions, accounting = runner.generate(name, requests)
-            cost = _cost(time.perf_counter() - start, accounting)
+            keys = [f"{items[i].id}/s{s}" + (f"/c{c}" if name == "best_of_n" else "") for i, s in slots for c in range(n)]
+            plain_run = runner.generations(name, requests, keys)
+            completions, resumed = plain_run.outputs, plain_run.resumed
+            cost = _cost(time.perf_counter() - start, plain_run.accounting)
             for k, (i, s) in enumerate(slots):
                 group = completions[k * n : (k + 1) * n]
                 chosen = _choose(group) if name == "best_of_n" else 0
@@ -356,7 +411,7 @@ def run_eval(
             grades = _grade_all(grader, [(by_id[a.problem_id], a.text) for a in answers], parallel_grading)
             for a, g in zip(answers, grades):
                 a.correct, a.status, a.extracted, a.detail = g.correct, g.status, g.extracted, g.detail
-        summaries.append(_summary(name, details[name], items, answers, cost, time.perf_counter() - grade_start, chains))
+        summaries.append(_summary(name, details[name], items, answers, cost, time.perf_counter() - grade_start, chains, resumed))
         all_answers[name] = [asdict(a) for a in answers]
     return EvalReport(task, seed, config.model_dump(), eval_config.model_dump(), len(items), summaries, all_answers, dataset)
 

@@ -1,6 +1,7 @@
 """`presto-ray validate` (does prefetching sample the serial chain's law?) and `presto-ray eval`
-(accuracy on a verifiable task), on a Backend: in process, or through Ray (`--ray`:
-actors/ray_backend.py, imported only then)."""
+(accuracy on a verifiable task), on a Backend: in process, or through Ray (`validate --ray`:
+actors/ray_backend.py; `eval --ray`: one resumable Ray Data job per method, deployments/eval_job.py;
+each imported only then)."""
 
 from __future__ import annotations
 
@@ -12,12 +13,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from presto_ray.cli.common import (
-    EXAMPLES, OK, BadInput, Subparsers, add_ray_options, fail, load_job_config, progress, validation_message,
+    EXAMPLES, FAILED, OK, BadInput, Subparsers, add_ray_options, fail, load_job_config, progress, validation_message,
 )  # fmt: skip
 
 if TYPE_CHECKING:
     from presto_ray.backend import Backend
     from presto_ray.eval_config import EvalConfig
+    from presto_ray.evaluate import EvalReport
     from presto_ray.job import JobConfig
 
 
@@ -202,16 +204,17 @@ def cmd_eval(args: argparse.Namespace) -> int:
         problems = task_problems(build_task(task, args.n or 30, args.task_seed))
         about = f"task seed {args.task_seed}"
     png = eval_png_path(args.out, args.png)
+    if args.work and not args.ray:
+        return fail("--work needs --ray (the in-process eval keeps no rows)")
 
-    def work(backend: Backend) -> int:
-        report = run_eval(
-            backend, problems, config.sampler, eval_config=eval_config, task=task, seed=config.sampler.seed,
-            methods=methods, dataset=args.dataset, progress=progress, show_progress=not args.quiet,
-        )  # fmt: skip
+    def finish(report: EvalReport) -> int:
         write_json_atomic({**report.to_json(), **_provenance(config)}, args.out)
         per = f", {eval_config.samples} answers per problem" if eval_config.samples > 1 else ""
         print(f"{task}: {len(problems)} problems ({about}), answers up to {config.sampler.horizon} tokens{per}")
         print(report.table())
+        resumed = sum(m.get("resumed_rows", 0) for m in report.methods)
+        if resumed:
+            print(f"resumed {resumed} rows an earlier run had finished (engine and wall figures count this run only)")
         wrote = [args.out]
         if png:
             Path(png).parent.mkdir(parents=True, exist_ok=True)
@@ -220,7 +223,46 @@ def cmd_eval(args: argparse.Namespace) -> int:
         print("wrote " + " and ".join(wrote))
         return OK
 
+    run: dict[str, Any] = dict(
+        eval_config=eval_config, task=task, seed=config.sampler.seed, methods=methods, dataset=args.dataset,
+        progress=progress, show_progress=not args.quiet,
+    )  # fmt: skip
+    if args.ray:
+        return _eval_on_ray(args, config, problems, run, finish)
+
+    def work(backend: Backend) -> int:
+        return finish(run_eval(backend, problems, config.sampler, **run))
+
     return _run_with_backend(args, config, work)
+
+
+def _eval_on_ray(
+    args: argparse.Namespace, config: JobConfig, problems: list, run: dict[str, Any], finish: Callable[[EvalReport], int]
+) -> int:
+    """eval --ray: each method a resumable Ray Data job in the work folder (deployments/eval_job.py)."""
+    try:
+        from deployments.eval_job import BadPromptRow, JobFailed, RayDataEvalRunner, default_work_folder
+    except ImportError as e:
+        return fail(f"--ray needs Ray Data: pip install 'presto-ray[ray]' ({e})")
+    from presto_ray.evaluate import run_eval
+    from presto_ray.models import ModelProvisionError
+
+    work = args.work or default_work_folder(args.out)
+    if Path(work).is_file():
+        return fail(f"--work {work}: is a file; eval --ray keeps a folder of rows there")
+    runner = None
+    try:
+        runner = RayDataEvalRunner(config, work, address=args.address, progress=not args.quiet, say=progress)
+        report = run_eval(runner, problems, config.sampler, **run)
+    except (ModelProvisionError, BadPromptRow, ValueError) as e:  # a refused work folder, a prompt too long, ...
+        return fail(str(e))
+    except JobFailed as e:  # not the user's input: exit 1, one line; the finished rows stay for a rerun
+        print(f"presto-ray: job failed: {e}", file=sys.stderr)
+        return FAILED
+    finally:
+        if runner is not None:
+            runner.close()
+    return finish(report)
 
 
 def add_validate(sub: Subparsers) -> None:
@@ -266,7 +308,10 @@ def add_eval(sub: Subparsers) -> None:
     e.add_argument("--export-gsm8k", default=None, metavar="FILE",
                    help="write the generated arithmetic problems (--n, --task-seed) as GSM8K JSONL rows and exit")
     e.add_argument("--quiet", action="store_true", help="no progress bar")
-    add_ray_options(e, "run through Ray (replicas and the batching coordinator)")
+    e.add_argument("--work", default=None, metavar="DIR",
+                   help="with --ray: the folder of each method's rows, kept for a rerun to resume (a path or URI every "
+                   "node reaches; default: --out with the suffix .work)")
+    add_ray_options(e, "run the sampling as a resumable Ray Data job per method (replicas and the batching coordinator)")
     e.set_defaults(func=cmd_eval)
 
 
