@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import os
 import sys
-import tempfile
 from pathlib import Path
 
 import ray
@@ -47,7 +46,7 @@ def ensure_ray(address: str | None = None, quiet: bool = False) -> None:
 
 
 # Records of local Ray processes, one per driver that started a local Ray, for its watchdog.
-LOCAL_RAY_RECORDS = Path(tempfile.gettempdir()) / "presto-ray-local"
+LOCAL_RAY_RECORDS = process_watchdog.records_folder("local-ray")
 
 
 def reap_leftover_local_ray() -> int:

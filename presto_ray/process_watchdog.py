@@ -29,6 +29,14 @@ import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+def records_folder(kind: str) -> Path:
+    """Where the watchdogs of one kind of process tree ("local-ray", "engine") keep their records:
+    one folder per user under the temporary directory, so one user's reap never reads another's."""
+    import tempfile
+
+    return Path(tempfile.gettempdir()) / f"presto-ray-{kind}-{os.getuid()}"
+
+
 def _stat_fields(pid: int) -> list[str] | None:
     """/proc/PID/stat after the command name (field 3, the state, first), or None if gone."""
     try:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from presto_ray.cli.common import (
     EXAMPLES, FAILED, OK, BadInput, Subparsers, add_ray_options, fail, load_job_config, progress, validation_message,
+    watch_engine_processes,
 )  # fmt: skip
 
 if TYPE_CHECKING:
@@ -36,6 +37,7 @@ def _backend(args: argparse.Namespace, config: JobConfig) -> Backend:
     from presto_ray.backend import LocalBackend
     from presto_ray.engines import build_engine
 
+    watch_engine_processes(config)
     return LocalBackend(build_engine(config.engine), config.max_active_chains)
 
 

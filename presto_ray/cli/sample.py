@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import argparse
 import sys
-import tempfile
-from pathlib import Path
 from typing import TYPE_CHECKING
 
-from presto_ray.cli.common import EXAMPLES, FAILED, OK, BadInput, Subparsers, add_ray_options, fail, load_job_config
+from presto_ray.cli.common import (
+    EXAMPLES, FAILED, OK, BadInput, Subparsers, add_ray_options, fail, load_job_config, watch_engine_processes,
+)  # fmt: skip
 
 if TYPE_CHECKING:
     from presto_ray.job import JobConfig, JobSummary
@@ -81,24 +81,6 @@ def quiet_engine_logs() -> None:
     import os
 
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
-
-
-# Records of in-process engines' processes, one per driver, for their watchdogs.
-ENGINE_RECORDS = Path(tempfile.gettempdir()) / "presto-ray-engine"
-
-
-def watch_engine_processes(config: JobConfig) -> None:
-    """vLLM's EngineCore and worker processes outlive a SIGKILLed driver (measured: 3 processes,
-    8.1 GB RSS left): before the engine starts, a watchdog (presto_ray/process_watchdog.py) starts
-    recording this driver's process tree and stops what is left of it once the driver is gone;
-    what a killed driver and watchdog left is stopped here, by the next run (and said on stderr)."""
-    if config.engine.kind != "vllm":
-        return  # the toy engine starts no process
-    from presto_ray import process_watchdog
-
-    if stopped := process_watchdog.reap(ENGINE_RECORDS):
-        print(f"presto-ray: stopped {stopped} engine process(es) left behind by a killed run", file=sys.stderr)
-    process_watchdog.start_watchdog(ENGINE_RECORDS)
 
 
 def check_prompt_lengths(items: list, config: JobConfig) -> None:
