@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import functools
 import time
+import uuid
 
 from ray.exceptions import RayActorError
 
@@ -15,7 +16,20 @@ from presto_ray.chain import Chain
 from presto_ray.results import SampleResult
 from presto_ray.stream_step import ChainStream, StreamRequestError
 
-__all__ = ["StreamRequestError", "drive_chain"]  # StreamRequestError: what a refused request raises
+__all__ = ["StreamRequestError", "drive_chain", "generate"]  # StreamRequestError: what a refused request raises
+
+
+async def generate(coordinator, requests) -> list:
+    """Plain requests (no chain: greedy, temperature sampling, best-of-n candidates) as one submit
+    of an anonymous chain's round, which the coordinator batches and routes like any other."""
+    chain_id = ("presto-ray-generate", uuid.uuid4().hex)
+    try:
+        return list(await coordinator.submit.remote(chain_id, list(requests)))
+    finally:
+        try:
+            await coordinator.chain_finished.remote(chain_id)
+        except RayActorError:
+            pass  # the coordinator died with the round: it forgot the chain with everything else
 
 
 async def drive_chain(coordinator, chain_id, chain: Chain, on_round=None) -> SampleResult:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from pathlib import Path
 
 import ray
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -39,27 +38,14 @@ def ensure_ray(address: str | None = None, quiet: bool = False) -> None:
     if not ray.is_initialized():
         local = address is None and not os.environ.get("RAY_ADDRESS") and sys.platform.startswith("linux")
         if local:
-            reap_leftover_local_ray()
+            process_watchdog.reap_left_behind(LOCAL_RAY_RECORDS, "Ray")
         ray.init(address=address, log_to_driver=True, logging_level=logging.WARNING if quiet else logging.INFO)
         if local:
-            _watch_local_ray()
+            process_watchdog.start_watchdog(LOCAL_RAY_RECORDS, session=_session_dir())
 
 
 # Records of local Ray processes, one per driver that started a local Ray, for its watchdog.
 LOCAL_RAY_RECORDS = process_watchdog.records_folder("local-ray")
-
-
-def reap_leftover_local_ray() -> int:
-    """Stop the processes of local Rays whose driver and watchdog were both killed; how many."""
-    stopped = process_watchdog.reap(LOCAL_RAY_RECORDS)
-    if stopped:
-        print(f"presto-ray: stopped {stopped} Ray process(es) left behind by a killed run", file=sys.stderr)
-    return stopped
-
-
-def _watch_local_ray() -> None:
-    """Start the watchdog of the local Ray this driver just started."""
-    process_watchdog.start_watchdog(LOCAL_RAY_RECORDS, session=_session_dir())
 
 
 def _session_dir() -> str | None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 
-from actors.chain_actor import drive_chain
+from actors.chain_actor import drive_chain, generate
 from actors.cluster import SamplingCluster
 from presto_ray.chain import Chain
 from presto_ray.engines.specs import build_tokenizer
@@ -43,16 +43,7 @@ class RayBackend:
     def generate(self, requests):
         if not requests:
             return []
-        chain_id = ("presto-ray-generate", next(self._ids))
-        coordinator = self.cluster.coordinator
-
-        async def run():
-            try:
-                return await coordinator.submit.remote(chain_id, list(requests))
-            finally:
-                await coordinator.chain_finished.remote(chain_id)
-
-        return list(asyncio.run(run()))
+        return asyncio.run(generate(self.cluster.coordinator, requests))
 
     def close(self) -> None:
         self.cluster.shutdown()

@@ -21,17 +21,15 @@ what the in-process driver returns.
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import math
 import time
-import uuid
 from dataclasses import asdict
 
 import pyarrow as pa
 from ray.exceptions import GetTimeoutError, RayActorError
 
-from actors.chain_actor import drive_chain
+from actors.chain_actor import drive_chain, generate
 from actors.stream_protocol import StreamLost
 from presto_ray.chain import Chain
 from presto_ray.data_columns import (
@@ -45,7 +43,7 @@ from presto_ray.data_columns import (
 )
 from presto_ray.engines import build_tokenizer
 from presto_ray.engines.base import Completion, ProposalRequest
-from presto_ray.job import JobConfig, encode_prompt, engine_identity, input_fingerprint, prompt_seed
+from presto_ray.job import JobConfig, content_digest, encode_prompt, engine_identity, input_fingerprint, prompt_seed
 from presto_ray.output import sample_row
 from presto_ray.prompts import PromptFileError, PromptItem, context_problem, parse_prompt_row
 from presto_ray.results import SampleResult, SampleStats
@@ -158,7 +156,7 @@ class PowerSamplingStage:
             started = time.time()
             config = self.config.sampler.model_copy(update={"seed": seed})
             result = await self._drive(self.coordinators.for_prompt(tokens), (rid, 0), lambda: Chain(tokens, config, self.tokenizer.eos_token_id))
-            fingerprint = _digest({"engine": self.engine_key, "prompt_ids": tokens, "sampler": config.model_dump(mode="json")})
+            fingerprint = content_digest({"engine": self.engine_key, "prompt_ids": tokens, "sampler": config.model_dump(mode="json")})
             row = sample_row(rid, 0, seed, result, self.tokenizer, config.model_dump_json(), fingerprint)
             out[k] = {**row, ERROR_COLUMN: None, "logp0": list(result.logp0), "logq": None, "finish_reason": None,
                       "sample_stats": json.dumps(asdict(result.stats)), "started_at": started, "finished_at": time.time()}  # fmt: skip
@@ -181,7 +179,7 @@ class PowerSamplingStage:
         logp0 = [float(x) for x in completion.logp0]
         what = {"temperature": request.temperature, "max_new_tokens": request.max_new_tokens, "seed": request.seed,
                 "stop_at_eos": request.stop_at_eos}  # fmt: skip
-        fingerprint = _digest({"engine": self.engine_key, "prompt_ids": list(request.prompt_token_ids), **what})
+        fingerprint = content_digest({"engine": self.engine_key, "prompt_ids": list(request.prompt_token_ids), **what})
         row = sample_row(rid, 0, request.seed, SampleResult(tokens, stats, tuple(logp0)), self.tokenizer, json.dumps(what), fingerprint)
         return {**row, ERROR_COLUMN: None, "logp0": logp0, "logq": [float(x) for x in completion.logq],
                 "finish_reason": completion.finish_reason, "sample_stats": None}  # fmt: skip
@@ -202,18 +200,11 @@ class PowerSamplingStage:
         raise AssertionError("unreachable")
 
     async def _generate(self, coordinator, requests: list[ProposalRequest]) -> list[Completion]:
-        """Plain requests in one submit, as one chain's round (RayBackend.generate does the same);
+        """Plain requests in one submit, as one chain's round (`chain_actor.generate`);
         sent again if the coordinator restarts (a completion is a function of its request)."""
         for attempt in range(1, MAX_CHAIN_ATTEMPTS + 1):
-            chain_id = ("presto-ray-generate", uuid.uuid4().hex)
             try:
-                try:
-                    return list(await coordinator.submit.remote(chain_id, requests))
-                finally:
-                    try:
-                        await coordinator.chain_finished.remote(chain_id)
-                    except RayActorError:
-                        pass
+                return await generate(coordinator, requests)
             except RayActorError as e:
                 if attempt == MAX_CHAIN_ATTEMPTS:
                     raise JobFailed(
@@ -293,10 +284,6 @@ class PowerSamplingStage:
                         "written, rerun to resume"
                     ) from e
                 await asyncio.sleep(0.2)
-
-
-def _digest(content: dict) -> str:
-    return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()
 
 
 def _missing_as_none(value):

@@ -54,7 +54,7 @@ from presto_ray.prompts import PromptFileError, check_ids, parse_jsonl_lines
 
 CHECKPOINT_DIR = ".ray-checkpoint"  # inside the output folder; readers skip dot-folders
 JOB_RECORD = ".presto-ray-job.json"
-__all__ = ["BadPromptRow", "DataJobSummary", "JobFailed", "commit_sized", "run_data_job"]
+__all__ = ["BadPromptRow", "DataJobSummary", "JobFailed", "commit_sized", "connect_ray", "filesystem", "run_data_job"]
 
 
 @dataclass
@@ -85,7 +85,7 @@ class DataJobSummary:
         ] + ([f"resumed              {self.skipped} finished pairs skipped"] if self.skipped else [])
 
 
-def _filesystem(uri: str) -> tuple[pafs.FileSystem, str, bool]:
+def filesystem(uri: str) -> tuple[pafs.FileSystem, str, bool]:
     """(filesystem, path in it, is local) for a local path or any URI pyarrow accepts."""
     if "://" not in uri:
         path = str(Path(uri).resolve())
@@ -98,7 +98,7 @@ def read_prompt_rows(uri: str) -> "ray.data.Dataset":
     """JSONL (`.jsonl`, `.json`) or Parquet (a file or a folder), streamed by Ray Data's readers.
     JSON lines go through Ray's pandas reader, which keeps a row whose field has another type
     (e.g. a number for a prompt) so that row, not the whole read, gets the error."""
-    fs, path, _ = _filesystem(uri)
+    fs, path, _ = filesystem(uri)
     info = fs.get_file_info(path)
     if info.type == pafs.FileType.NotFound:
         raise PromptFileError(f"{uri}: no such file")
@@ -198,7 +198,7 @@ def run_data_job(
     if "batch_size" not in stage:
         processor_config = commit_sized(processor_config)
     job = processor_config.job
-    fs, out_path, local = _filesystem(out)
+    fs, out_path, local = filesystem(out)
     # before Ray starts, hence before any work: the output can be written and is not the input,
     # and every row of the input has its own id (two rows of one id would share their chains)
     check_prompt_ids(prompts, processor_config.columns)
@@ -206,11 +206,7 @@ def run_data_job(
         check_output_folder(out_path, None if "://" in prompts else str(Path(prompts).resolve()), JOB_RECORD)
     elif fs.get_file_info(out_path).type == pafs.FileType.File:
         raise ValueError(f"{out} is a file; the job writes a folder of Parquet files")
-    _check_reachable(address)
-    try:
-        ensure_ray(address, quiet=not progress)
-    except (ConnectionError, TimeoutError) as e:
-        raise ValueError(f"--address {address}: cannot connect to the Ray cluster ({_first_line(e)})") from None
+    connect_ray(address, progress)
     lock = OutputLock(out_path) if local else None  # object stores have no exclusive create
     start = time.perf_counter()
     if lock:
@@ -288,7 +284,7 @@ def check_prompt_ids(prompts: str, columns: InputColumnsConfig) -> int:
     """Stream the input once in the driver before the job: a JSONL file decodes line by line
     (bad bytes or JSON name their line, as in process), and every row has an id that no other row
     has. Only the ids are kept (Parquet: only the id column is read). Returns the row count."""
-    fs, path, _ = _filesystem(prompts)
+    fs, path, _ = filesystem(prompts)
     info = fs.get_file_info(path)
     if info.type == pafs.FileType.NotFound:
         raise PromptFileError(f"{prompts}: no such file")
@@ -364,6 +360,16 @@ def _changed_ids(batch: pa.Table, keys: set[str], ids: set[str], columns: InputC
         if key not in keys and key_id(key) in ids:
             changed.append(key_id(key))
     return pa.table({"id": pa.array(changed, pa.string())})
+
+
+def connect_ray(address: str | None, progress: bool = True) -> None:
+    """Join the cluster at `address` (or start a local Ray); an unreachable address is a one-line
+    ValueError naming it, not Ray's retries and tracebacks."""
+    _check_reachable(address)
+    try:
+        ensure_ray(address, quiet=not progress)
+    except (ConnectionError, TimeoutError) as e:
+        raise ValueError(f"--address {address}: cannot connect to the Ray cluster ({_first_line(e)})") from None
 
 
 def _check_reachable(address: str | None) -> None:

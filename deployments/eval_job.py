@@ -27,7 +27,6 @@ coordinator, hence its own accounting); with `ray.replica_autoscaling` each job 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import time
@@ -38,10 +37,9 @@ from typing import Callable, Sequence
 import numpy as np
 import pyarrow as pa
 import pyarrow.dataset as pads
-import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from actors.cluster import SamplingCluster, ensure_ray
+from actors.cluster import SamplingCluster
 from actors.sampling_stage import (
     REQUEST_SEED_COLUMN,
     REQUEST_TEMPERATURE_COLUMN,
@@ -49,12 +47,12 @@ from actors.sampling_stage import (
     BadPromptRow,
     JobFailed,
 )
-from deployments.data_job import DataJobSummary, _check_reachable, _first_line, run_data_job
+from deployments.data_job import DataJobSummary, connect_ray, filesystem, run_data_job
 from presto_ray.config import SamplerConfig
 from presto_ray.engines import build_tokenizer
 from presto_ray.engines.base import CallAccounting, Completion, ProposalRequest
 from presto_ray.evaluate import MethodRun
-from presto_ray.job import JobConfig
+from presto_ray.job import JobConfig, content_digest
 from presto_ray.results import SampleResult, SampleStats
 
 __all__ = ["BadPromptRow", "JobFailed", "RayDataEvalRunner", "default_work_folder"]
@@ -141,7 +139,7 @@ class RayDataEvalRunner:
         self, method: str, rows: list[tuple[str, Sequence[int], int, float | None]]
     ) -> tuple[list[dict], CallAccounting, int]:
         """Write the method's requests, run (or resume) its job, read its rows back in input order."""
-        ids = [f"{key}@{_digest([list(tokens), seed, temperature])}" for key, tokens, seed, temperature in rows]
+        ids = [f"{key}@{content_digest([list(tokens), seed, temperature])[:16]}" for key, tokens, seed, temperature in rows]
         if len(set(ids)) != len(ids):
             raise ValueError(f"{method}: two rows with the same key and request")
         folder = f"{self.work}/{method}"
@@ -192,27 +190,13 @@ class RayDataEvalRunner:
         if self.job.ray.replica_autoscaling is not None:
             return None
         if self._cluster is None:
-            _check_reachable(self.address)  # as the data job does: one line, not Ray's retries
-            try:
-                ensure_ray(self.address, quiet=not self.progress)
-            except (ConnectionError, TimeoutError) as e:
-                raise ValueError(f"--address {self.address}: cannot connect to the Ray cluster ({_first_line(e)})") from None
+            connect_ray(self.address, self.progress)
             self._cluster = SamplingCluster(self.job.engine, self.job.ray, address=self.address).start()
         return self._cluster.replicas
 
 
-def _digest(content: object) -> str:
-    return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def _filesystem(uri: str) -> tuple[pafs.FileSystem, str]:
-    if "://" not in uri:
-        return pafs.LocalFileSystem(), str(Path(uri).resolve())
-    return pafs.FileSystem.from_uri(uri)
-
-
 def _write_atomic(table: pa.Table, uri: str) -> None:
-    fs, path = _filesystem(uri)
+    fs, path, _ = filesystem(uri)
     fs.create_dir(path.rpartition("/")[0], recursive=True)
     tmp = f"{path}.{os.getpid()}.tmp"
     with fs.open_output_stream(tmp) as f:
@@ -222,7 +206,7 @@ def _write_atomic(table: pa.Table, uri: str) -> None:
 
 def _read_rows(out: str, wanted: set[str]) -> dict[str, dict]:
     """The committed rows of the job's folder whose id is wanted (readers skip dot-files)."""
-    fs, path = _filesystem(out)
+    fs, path, _ = filesystem(out)
     dataset = pads.dataset(path, filesystem=fs, format="parquet")
     by_id: dict[str, dict] = {}
     for batch in dataset.to_batches(columns=READ_COLUMNS):

@@ -64,6 +64,11 @@ def engine_identity(spec: EngineConfig) -> str:
     return json.dumps(spec.sample_identity(), sort_keys=True)
 
 
+def content_digest(content: object) -> str:
+    """The SHA-256 of `content` as canonical JSON (sorted keys): the resume keys' one hash."""
+    return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()
+
+
 def input_fingerprint(engine: str, sampler: SamplerConfig, item: PromptItem, prompt_ids: Sequence[int], chain: int) -> str:
     """A sample's resume key: a hash of everything it depends on (the prompt as written and as
     tokenized, the engine and model, the chain's sampler config with its seed, the chain index).
@@ -76,7 +81,7 @@ def input_fingerprint(engine: str, sampler: SamplerConfig, item: PromptItem, pro
         "sampler": sampler.model_dump(mode="json"),
         "chain": chain,
     }
-    return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()
+    return content_digest(content)
 
 
 @dataclass

@@ -128,37 +128,30 @@ def build_plan_tree(
                     branches = [(accepted(facts, key, facts.length, event.horizon), 1.0)]
             else:
                 cut = cut_for(event.step, facts.length)
-                if cut is None or cut > len(facts.known):
-                    forkable = (
-                        cut is not None and facts.source is not None
-                        and (facts.source_end is None or cut <= facts.source_end)
-                    )  # fmt: skip
-                    if not forkable or facts.source is None or cut is None:
-                        continue  # deferred: its prefix holds tokens nobody is generating yet
+                if cut is None:
+                    continue  # cannot be told now
+                h_accept = accept_branch_probability(event.step, cut / event.horizon)
+                if cut > len(facts.known):  # deferred: its prefix holds tokens not generated yet
+                    source = facts.source
+                    if source is None or (facts.source_end is not None and cut > facts.source_end):
+                        continue  # nobody is generating them
                     # a fork once the source has these tokens; until then the step is pending and
                     # the walk's future beyond it is planned (requests whose prefix exists may start)
                     needed = cut - facts.source_start
-                    tree.fork_points[facts.source] = min(needed, tree.fork_points.get(facts.source, needed))
+                    tree.fork_points[source] = min(needed, tree.fork_points.get(source, needed))
                     node.pending = True
-                    h_accept = accept_branch_probability(event.step, cut / event.horizon)
-                    after_accept = _Facts(facts.known, facts.length, False, facts.source, facts.source_start, cut)
-                    for child_facts, probability in ((after_accept, h_accept), (facts, 1.0 - h_accept)):
-                        if depth + 1 < max_depth:
-                            child = following.get(child_facts)
-                            if child is None:
-                                child = following[child_facts] = PlanNode(depth=depth + 1)
-                            node.children.append((child, probability))
-                    continue
-                key = node.key = (event.index, facts.known[:cut])
-                node.cost = requests_per_step
-                if facts.source is not None and cut > facts.source_start:
-                    tree.forks.add(key)
-                if facts == root_facts and stopped_early is not None and stopped_early(key):
-                    branches = [(facts, 1.0)]  # rejection is certain: no accept branch
+                    after_accept = _Facts(facts.known, facts.length, False, source, facts.source_start, source_end=cut)
+                    branches = [(after_accept, h_accept), (facts, 1.0 - h_accept)]
                 else:
-                    h_accept = accept_branch_probability(event.step, cut / event.horizon)
-                    # guess: an unfinished proposal ends where the state it replaces ended
-                    branches = [(accepted(facts, key, cut, facts.length), h_accept), (facts, 1.0 - h_accept)]
+                    key = node.key = (event.index, facts.known[:cut])
+                    node.cost = requests_per_step
+                    if facts.source is not None and cut > facts.source_start:
+                        tree.forks.add(key)
+                    if facts == root_facts and stopped_early is not None and stopped_early(key):
+                        branches = [(facts, 1.0)]  # rejection is certain: no accept branch
+                    else:
+                        # guess: an unfinished proposal ends where the state it replaces ended
+                        branches = [(accepted(facts, key, cut, facts.length), h_accept), (facts, 1.0 - h_accept)]
             if key is not None:
                 tree.keys.add(key)
                 if facts == root_facts:

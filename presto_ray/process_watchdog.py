@@ -29,6 +29,7 @@ import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+
 def records_folder(kind: str) -> Path:
     """Where the watchdogs of one kind of process tree ("local-ray", "engine") keep their records:
     one folder per user under the temporary directory, so one user's reap never reads another's."""
@@ -145,6 +146,14 @@ def reap(folder: Path) -> int:
             continue
         stopped += kill(record.get("procs", []))
         path.unlink(missing_ok=True)
+    return stopped
+
+
+def reap_left_behind(folder: Path, what: str) -> int:
+    """`reap(folder)`, said on stderr when it stopped anything (`what`: whose processes)."""
+    stopped = reap(folder)
+    if stopped:
+        print(f"presto-ray: stopped {stopped} {what} process(es) left behind by a killed run", file=sys.stderr)
     return stopped
 
 

@@ -53,8 +53,7 @@ def watch_engine_processes(config: JobConfig) -> None:
     from presto_ray import process_watchdog
 
     records = process_watchdog.records_folder("engine")
-    if stopped := process_watchdog.reap(records):
-        print(f"presto-ray: stopped {stopped} engine process(es) left behind by a killed run", file=sys.stderr)
+    process_watchdog.reap_left_behind(records, "engine")
     process_watchdog.start_watchdog(records)
 
 
