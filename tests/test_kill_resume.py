@@ -63,15 +63,17 @@ def test_a_killed_ray_driver_keeps_its_finished_batches_and_leaves_no_ray_behind
     first.send_signal(signal.SIGKILL)
     first.wait()
     assert len(ray_processes) >= 3, ray_processes  # gcs, raylet, agents, workers
-    kept = {p: p.stat().st_mtime_ns for p in out.glob("*.parquet")}
-    done_before = len(read_samples(out))
-    assert 4 <= done_before < 24 and done_before % 2 == 0, "killed part-way, each prompt's chains together"
 
     # the killed driver's watchdog stops what is left of its Ray (the agents outlived it before)
     deadline = time.monotonic() + 30
     while (left := [p for p, t in ray_processes.items() if start_time(p) == t]) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not left, f"Ray processes outlived the killed driver: {left}"
+    # counted once every process of the run is gone: until the watchdog stops them, the stage's
+    # workers may still commit a batch (CI saw 4 counted at the kill and 6 committed)
+    kept = {p: p.stat().st_mtime_ns for p in out.glob("*.parquet")}
+    done_before = len(read_samples(out))
+    assert 4 <= done_before < 24 and done_before % 2 == 0, "killed part-way, each prompt's chains together"
 
     second = _cli(args)
     printed = second.communicate(timeout=300)[0]
