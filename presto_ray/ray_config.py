@@ -2,20 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from presto_ray.config import ConfigFieldError
-
-# Settings of the previous driver-side Ray job (deployments/batch_job.py, retired): Ray Data writes
-# one file per batch and restarts its own stage actors. A config that still sets one is refused with
-# this note rather than silently ignored.
-RETIRED = {
-    "shard_rows": "Ray Data writes one Parquet file per batch of prompts (ProcessorConfig.batch_size)",
-    "shard_interval_s": "Ray Data writes one Parquet file per batch of prompts (ProcessorConfig.batch_size)",
-    "chain_max_restarts": "Ray Data restarts the stage actors itself and re-runs their batches",
-}
 
 
 class ReplicaAutoscalingConfig(BaseModel):
@@ -137,14 +128,3 @@ class RayConfig(BaseModel):
     @property
     def initial_replicas(self) -> int:
         return self.replica_autoscaling.min_replicas if self.replica_autoscaling else self.num_replicas
-
-    @model_validator(mode="before")
-    @classmethod
-    def _refuse_retired(cls, data: Any) -> Any:
-        if isinstance(data, dict):
-            retired = [key for key in RETIRED if key in data]
-            if retired:
-                key = retired[0]
-                raise ConfigFieldError(key, f"{key} was retired with the previous Ray job ({RETIRED[key]}); remove it")
-        return data
-

@@ -183,16 +183,16 @@ def test_batch_files_and_http_share_the_chat_roles():
     assert set(CHAT_ROLES) == set(ChatMessage.model_fields["role"].annotation.__args__)
 
 
-def test_a_retired_ray_setting_is_refused_by_name(tmp_path, capsys):
-    """`shard_rows` belonged to the previous Ray job: refused with what replaced it, not ignored."""
+def test_an_unknown_ray_setting_is_refused_by_name(tmp_path, capsys):
+    """A `ray:` key RayConfig does not have (here `shard_rows`) is refused with its name, not ignored."""
     from presto_ray.cli import main
 
     cfg = tmp_path / "c.yaml"
     cfg.write_text("engine: {kind: toy}\nray: {num_replicas: 1, shard_rows: 64}\n")
     assert main(["sample", "--ray", "--config", str(cfg), "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
-    assert f"{cfg}: invalid configuration: ray.shard_rows: shard_rows was retired" in err, err
-    assert "Value error" not in err
+    assert f"{cfg}: invalid configuration: ray.shard_rows: Extra inputs are not permitted" in err, err
+    assert not (tmp_path / "out").exists()
 
 
 # --- the command line as a package (issue items 1 and 5) -----------------------------------------
