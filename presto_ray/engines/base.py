@@ -45,9 +45,13 @@ class ProposalRequest:
         return self.prompt_token_ids + self.prefix_token_ids
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Completion:
-    """Sampled tokens with their exact per-token log p0 and log q_tau (EOS included)."""
+    """Sampled tokens with their exact per-token log p0 and log q_tau (EOS included).
+
+    Equal when every field is: the arrays by value (`np.array_equal`), so a completion equals its
+    copy after pickling (over Ray) and the events that carry one compare as values. Not hashable:
+    its arrays are mutable."""
 
     token_ids: tuple[int, ...]
     logp0: np.ndarray
@@ -59,6 +63,21 @@ class Completion:
     def __post_init__(self) -> None:
         if not (len(self.token_ids) == len(self.logp0) == len(self.logq)):
             raise ValueError("token_ids, logp0 and logq must have the same length")
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Completion):
+            return NotImplemented
+        return (
+            self.token_ids == other.token_ids
+            and self.finish_reason == other.finish_reason
+            and self.cached_prompt_tokens == other.cached_prompt_tokens
+            and np.array_equal(self.logp0, other.logp0)
+            and np.array_equal(self.logq, other.logq)
+            and (
+                self.entropy is other.entropy
+                or (self.entropy is not None and other.entropy is not None and np.array_equal(self.entropy, other.entropy))
+            )
+        )
 
     @property
     def stopped_early(self) -> bool:
