@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 
-from actors.chain_actor import drive_chain, generate
+from actors.chain_driver import drive_chain, generate
 from actors.cluster import SamplingCluster
 from presto_ray.chain import Chain
 from presto_ray.engines.specs import build_tokenizer

@@ -29,7 +29,7 @@ from dataclasses import asdict
 import pyarrow as pa
 from ray.exceptions import GetTimeoutError, RayActorError
 
-from actors.chain_actor import drive_chain, generate
+from actors.chain_driver import drive_chain, generate
 from actors.stream_protocol import StreamLost
 from presto_ray.chain import Chain
 from presto_ray.data_columns import (
@@ -200,7 +200,7 @@ class PowerSamplingStage:
         raise AssertionError("unreachable")
 
     async def _generate(self, coordinator, requests: list[ProposalRequest]) -> list[Completion]:
-        """Plain requests in one submit, as one chain's round (`chain_actor.generate`);
+        """Plain requests in one submit, as one chain's round (`chain_driver.generate`);
         sent again if the coordinator restarts (a completion is a function of its request)."""
         for attempt in range(1, MAX_CHAIN_ATTEMPTS + 1):
             try:

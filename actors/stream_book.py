@@ -24,7 +24,7 @@ from actors.coordinator_commands import AbortStreams, BoundStreams, Command, Pol
 from actors.coordinator_stats import CoordinatorCounters
 from actors.replica_table import ReplicaTable
 from actors.stream_protocol import ChainActions, ChainEvent, ChainUpdate, ReplicaEvent, ReplicaEvents, ReplicaStart, StreamId, StreamLost
-from presto_ray.chain import StreamKey
+from presto_ray.chain import ProposalKey
 from presto_ray.early_rejection import RejectionBound
 from presto_ray.engines.base import CallAccounting, ProposalRequest
 from presto_ray.speculation import streaming_budget
@@ -36,7 +36,7 @@ class _Stream:
     request: ProposalRequest
     priority: float
     replica: int
-    subscribers: set[tuple[Hashable, StreamKey]] = field(default_factory=set)  # (chain id, the chain's key)
+    subscribers: set[tuple[Hashable, ProposalKey]] = field(default_factory=set)  # (chain id, the chain's key)
     wakes: set[int] = field(default_factory=set)
     attempts: int = 0
     sent: bool = False  # False: parked until its replica is healthy again
@@ -62,7 +62,7 @@ class _Mailbox:
     prefetch_budget: int
     generation: int  # which opening of the chain this is: a replayed chain's old exchange gets nothing
     events: list[ChainEvent] = field(default_factory=list)
-    subscriptions: dict[StreamKey, _Stream] = field(default_factory=dict)
+    subscriptions: dict[ProposalKey, _Stream] = field(default_factory=dict)
 
 
 class StreamBook:
@@ -231,7 +231,7 @@ class StreamBook:
                 by_replica[stream.replica].append(stream.start())
         return [StartStreams(i, tuple(starts)) for i, starts in by_replica.items()]
 
-    def _wake(self, mailbox: _Mailbox, wakes: Sequence[tuple[StreamKey, int]]) -> list[Command]:
+    def _wake(self, mailbox: _Mailbox, wakes: Sequence[tuple[ProposalKey, int]]) -> list[Command]:
         by_replica: dict[int, list[tuple[StreamId, int]]] = defaultdict(list)
         for key, generated in wakes:
             stream = mailbox.subscriptions.get(key)
@@ -241,7 +241,7 @@ class StreamBook:
                     by_replica[stream.replica].append((stream.stream_id, generated))
         return [WakeStreams(i, tuple(batch)) for i, batch in by_replica.items()]
 
-    def _bound(self, mailbox: _Mailbox, bounds: Sequence[tuple[StreamKey, tuple[RejectionBound, ...]]]) -> list[Command]:
+    def _bound(self, mailbox: _Mailbox, bounds: Sequence[tuple[ProposalKey, tuple[RejectionBound, ...]]]) -> list[Command]:
         """New early-rejection bounds from the stream's only subscriber. A stream several chains
         share keeps the bounds it started with: each chain checks a stopped completion itself."""
         by_replica: dict[int, list[tuple[StreamId, tuple[RejectionBound, ...]]]] = defaultdict(list)
@@ -254,7 +254,7 @@ class StreamBook:
                 by_replica[stream.replica].append((stream.stream_id, new))
         return [BoundStreams(i, tuple(batch)) for i, batch in by_replica.items()]
 
-    def _unsubscribe(self, chain_id: Hashable, mailbox: _Mailbox, keys: Sequence[StreamKey]) -> list[Command]:
+    def _unsubscribe(self, chain_id: Hashable, mailbox: _Mailbox, keys: Sequence[ProposalKey]) -> list[Command]:
         aborts: dict[int, list[StreamId]] = defaultdict(list)
         for key in keys:
             stream = mailbox.subscriptions.pop(key, None)

@@ -8,8 +8,8 @@ by a `ChainUpdate` once at least one event for the chain has landed (a long poll
 per batch of events, no per-call barrier). Coordinator -> replica: `ReplicaStart`s, wakes, bounds and aborts
 by `StreamId`; replica -> coordinator: `ReplicaEvents`, also a long poll.
 
-`ChainActions` carries a `presto_ray.stream_step.StreamActions` (its aborts, starts and wakes) and a
-`ChainEvent` is a `presto_ray.stream_step.RequestEvent`: the chain's side of the exchange is
+`ChainActions` carries a `presto_ray.chain_stream.StreamActions` (its aborts, starts and wakes) and a
+`ChainEvent` is a `presto_ray.chain_stream.RequestEvent`: the chain's side of the exchange is
 `ChainStream.step`, the same as in process.
 """
 
@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from presto_ray.chain import StartRequest, StreamKey
+from presto_ray.chain import ProposalKey
+from presto_ray.chain_stream import StartRequest
 from presto_ray.early_rejection import RejectionBound
 from presto_ray.engines.base import CallAccounting, Completion, ProposalRequest
 
@@ -33,18 +34,18 @@ class StreamLost(RuntimeError):
 
 @dataclass(frozen=True)
 class ChainActions:
-    abort: tuple[StreamKey, ...] = ()
+    abort: tuple[ProposalKey, ...] = ()
     start: tuple[StartRequest, ...] = ()
-    wakes: tuple[tuple[StreamKey, int], ...] = ()  # (running request, token count that unlocks a fork)
-    bounds: tuple[tuple[StreamKey, tuple[RejectionBound, ...]], ...] = ()  # running request -> its new rejection bounds
+    wakes: tuple[tuple[ProposalKey, int], ...] = ()  # (running request, token count that unlocks a fork)
+    bounds: tuple[tuple[ProposalKey, tuple[RejectionBound, ...]], ...] = ()  # running request -> its new rejection bounds
 
 
 @dataclass(frozen=True)
 class ChainEvent:
     """A request of the chain reached a fork point (`partial` set) or ended (`completion` or `error`).
-    A `presto_ray.stream_step.RequestEvent`: `ChainStream.step` takes it as it arrives."""
+    A `presto_ray.chain_stream.RequestEvent`: `ChainStream.step` takes it as it arrives."""
 
-    key: StreamKey
+    key: ProposalKey
     generated: int
     partial: tuple[int, ...] | None = None
     completion: Completion | None = None

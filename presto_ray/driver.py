@@ -8,6 +8,7 @@ from typing import Callable, Sequence
 
 from presto_ray.chain import Chain
 from presto_ray.config import SamplerConfig
+from presto_ray.rounds import ChainRounds
 from presto_ray.engines.base import CallAccounting, Engine
 from presto_ray.kernels import PowerMHKernel
 from presto_ray.results import SampleResult
@@ -37,7 +38,7 @@ def sample_many(
         raise ValueError("one schedule per call: the chains of a call share either rounds or a stream")
     limit = max_active_chains or len(prompts)
     pending = list(range(len(prompts)))[::-1]
-    active: list[tuple[int, Chain, float]] = []  # (input index, chain, start time)
+    active: list[tuple[int, ChainRounds, float]] = []  # (input index, the chain's book, start time)
     results: list[SampleResult | None] = [None] * len(prompts)
     total = CallAccounting()
 
@@ -54,21 +55,21 @@ def sample_many(
             if chain.done:  # e.g. mh_steps == 0 and nothing to extend
                 finish(i, chain, time.perf_counter())
             else:
-                active.append((i, chain, time.perf_counter()))
+                active.append((i, ChainRounds(chain), time.perf_counter()))
         if not active:
             continue
-        plans = [chain.plan() for _, chain, _ in active]
-        output = engine.generate([request for plan in plans for request in plan])
+        plans = [rounds.plan() for _, rounds, _ in active]
+        output = engine.generate([request for plan in plans for request in plan.requests])
         total.add(output.accounting)
         offset = 0
         still_active = []
-        for (i, chain, started), plan in zip(active, plans):
-            chain.advance(output.completions[offset : offset + len(plan)])
-            offset += len(plan)
-            if chain.done:
-                finish(i, chain, started)
+        for (i, rounds, started), plan in zip(active, plans):
+            rounds.advance(plan, output.completions[offset : offset + len(plan.requests)])
+            offset += len(plan.requests)
+            if rounds.done:
+                finish(i, rounds.chain, started)
             else:
-                still_active.append((i, chain, started))
+                still_active.append((i, rounds, started))
         active = still_active
     return _all_finished(results), total
 
@@ -127,8 +128,10 @@ def run_chain(engine: Engine, chain: Chain) -> CallAccounting:
         run_streaming(stream, [chain])
         return stream.accounting()
     total = CallAccounting()
-    while not chain.done:
-        output = engine.generate(chain.plan())
-        chain.advance(output.completions)
+    rounds = ChainRounds(chain)
+    while not rounds.done:
+        plan = rounds.plan()
+        output = engine.generate(plan.requests)
+        rounds.advance(plan, output.completions)
         total.add(output.accounting)
     return total

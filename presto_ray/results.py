@@ -14,7 +14,7 @@ class SampleStats:
     """
 
     rounds: int = 0  # rounds schedule: engine calls this chain waited on (a call merged across chains counts once per chain)
-    stream_batches: int = 0  # streaming schedule: batches of requests the chain started (one per start_requests that started any)
+    stream_batches: int = 0  # streaming schedule: batches of requests the chain started (one per streaming step that started any)
     transitions: int = 0  # MH steps completed
     accepted: int = 0
     extensions: int = 0  # block extensions that needed a request

@@ -2,7 +2,7 @@
 goes to its chain the moment it lands (docs/streaming.md).
 
 The loop is transport only: what to do after each event is `ChainStream.step`'s
-(presto_ray/stream_step.py, shared with the Ray driver), how many requests may run is
+(presto_ray/chain_stream.py, shared with the Ray driver), how many requests may run is
 presto_ray/speculation.py's.
 """
 
@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
-from presto_ray.chain import Chain, StreamKey
+from presto_ray.chain import Chain, ProposalKey
+from presto_ray.chain_stream import ChainStream, StreamActions, StreamEvent
 from presto_ray.engines.base import EngineEvent, StreamingEngine
 from presto_ray.speculation import streaming_budget
-from presto_ray.stream_step import ChainStream, StreamActions, StreamEvent
 
 
 def run_streaming(
@@ -21,8 +21,8 @@ def run_streaming(
 ) -> None:
     """Drive every chain to the end; `on_finished(i)` is called as chain i finishes."""
     streams = [ChainStream(chain) for chain in chains]
-    handles: dict[tuple[int, StreamKey], int] = {}
-    owners: dict[int, tuple[int, StreamKey]] = {}
+    handles: dict[tuple[int, ProposalKey], int] = {}
+    owners: dict[int, tuple[int, ProposalKey]] = {}
     active = len(chains)  # chains not finished: they share the device's free batch
 
     def carry_out(i: int, actions: StreamActions) -> None:
@@ -62,9 +62,12 @@ def run_streaming(
     unfinished = [i for i, chain in enumerate(chains) if not chain.done]
     if unfinished:
         raise RuntimeError(f"the engine went idle with chains {unfinished[:5]} unfinished")
+    leftover = [i for i, stream in enumerate(streams) if stream.running_requests]
+    if leftover:
+        raise RuntimeError(f"chains {leftover[:5]} finished with requests still running")
 
 
-def _chain_event(engine: StreamingEngine, key: StreamKey, event: EngineEvent) -> StreamEvent:
+def _chain_event(engine: StreamingEngine, key: ProposalKey, event: EngineEvent) -> StreamEvent:
     """The chain's view of an engine event (advance raises errors itself: none arrive here)."""
     if event.completion is not None:
         return StreamEvent(key, completion=event.completion)

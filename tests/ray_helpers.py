@@ -68,7 +68,7 @@ def drive_pairs(cluster, items, config: JobConfig) -> tuple[list[dict], list]:
     """Every (prompt, chain) of the job as a coroutine in this process through the cluster's
     coordinators (`drive_chain`, the loop the Ray Data stage and Serve run): the output rows, as
     the job would write them, and the chains' results."""
-    from actors.chain_actor import drive_chain
+    from actors.chain_driver import drive_chain
     from presto_ray.chain import Chain
 
     tokenizer = build_tokenizer(config.engine)

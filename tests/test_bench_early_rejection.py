@@ -10,6 +10,7 @@ import pytest
 
 from bench.early_rejection import serial_config
 from presto_ray.chain import Chain
+from presto_ray.rounds import ChainRounds
 from presto_ray.driver import sample
 from presto_ray.engines import ToyEngineConfig, build_engine
 from presto_ray.job import encode_prompt, prompt_seed
@@ -45,17 +46,19 @@ def _brute_force(engine, prompt_ids, config) -> list[tuple[int, int, bool, int |
     """(step, length, accepted, m*) per MH step, on the library's Chain driven round by round; m* by
     scanning m = 0 .. length with rejects_prefix on the proposal's first m tokens."""
     chain = Chain(prompt_ids, config, engine.eos_token_id, record_edges=True)
+    rounds = ChainRounds(chain)
     records = []
     while not chain.done:
-        event = chain.schedule.event(chain.event_index)
-        state, requests = chain.state, chain.plan()
+        event = chain.event
+        state, planned = chain.state, rounds.plan()
+        requests = planned.requests
         completions = engine.generate(requests).completions
         if not event.is_extension:
             keys = step_keys(config.seed, event.step)
             cut = chain.kernel.cut_law.draw(keys.cut_uniform, state)
             length_known = cut + requests[0].max_new_tokens if config.fixed_length else None
             bound = chain.kernel.rejection_bound(state, cut, keys.accept_uniform, length_known)
-        chain.advance(completions)
+        rounds.advance(planned, completions)
         if event.is_extension:
             continue
         edge = chain.edges[-1]

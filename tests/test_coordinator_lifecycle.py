@@ -45,7 +45,7 @@ def test_a_cancelled_driver_leaves_no_active_chain(slow_cluster, schedule):
     the driver's own `chain_finished` may be cancelled with it."""
     import ray
 
-    from actors.chain_actor import drive_chain
+    from actors.chain_driver import drive_chain
     from presto_ray.chain import Chain
     from presto_ray.config import SamplerConfig
 

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from presto_ray import SamplerConfig
 from presto_ray.driver import sample_many
 from presto_ray.chain import Chain
+from presto_ray.rounds import ChainRounds
 from presto_ray.driver import run_chain
 from presto_ray.engines.base import EngineOutput, ProposalRequest
 from presto_ray.engines.toy import ToyEngine
@@ -85,8 +86,10 @@ def test_it_fires_and_saves_tokens(schedule, fixed_length, sampler):
 def test_a_stopped_completion_is_a_prefix_of_the_full_one():
     engine = ToyEngine(**PEAKED)
     chain = Chain([3, 4, 5], SamplerConfig(block_size=48, mh_steps=4, traversal="serial", schedule="rounds", fixed_length=True), engine.eos_token_id)
+    rounds = ChainRounds(chain)
     while not chain.done:
-        requests = chain.plan()
+        planned = rounds.plan()
+        requests = planned.requests
         completions = engine.generate(requests).completions
         for request, completion in zip(requests, completions):
             full = engine.generate([replace(request, rejection_bounds=())]).completions[0]
@@ -95,7 +98,7 @@ def test_a_stopped_completion_is_a_prefix_of_the_full_one():
             assert completion.token_ids == full.token_ids[:n]
             np.testing.assert_array_equal(completion.logp0, full.logp0[:n])
             assert completion.stopped_early == (n < len(full.token_ids))
-        chain.advance(completions)
+        rounds.advance(planned, completions)
     assert chain.stats.early_stopped_requests > 0
 
 
@@ -176,6 +179,6 @@ def test_a_colder_proposal_carries_no_bound():
     engine = ToyEngine(**PEAKED)
     config = SamplerConfig(alpha=4.0, proposal_temperature=0.2, block_size=32, mh_steps=8, traversal="serial", schedule="rounds")
     chain = Chain([3, 4], config, engine.eos_token_id)
-    assert all(not r.rejection_bounds for r in chain.plan())
+    assert all(not r.rejection_bounds for r in ChainRounds(chain).plan().requests)
     chain = run_recorded(engine, [3, 4], config)
     assert chain.stats.early_stopped_requests == 0

@@ -60,7 +60,7 @@ def _configs(schedule, num_blocks=3):
 
 def _run_chains(cluster, configs, out: dict) -> None:
     """Every config's chain through the cluster's coordinators (as the Ray drivers run them)."""
-    from actors.chain_actor import drive_chain
+    from actors.chain_driver import drive_chain
     from presto_ray.chain import Chain
 
     eos = cluster.engine_spec.eos_token_id

@@ -56,10 +56,11 @@ def test_calls_merge_across_chains(toy_replicas):
 
 def test_identical_requests_are_computed_once(toy_replicas):
     from presto_ray.chain import Chain
+    from presto_ray.rounds import ChainRounds
 
     _, config = toy_job()
     with SamplingCluster(config.engine, config.ray, replicas=toy_replicas) as cluster:
-        plan = Chain((5, 6, 7), config.sampler, 0).plan()
+        plan = list(ChainRounds(Chain((5, 6, 7), config.sampler, 0)).plan().requests)
         twins = ray.get([cluster.coordinator.submit.remote(chain, plan) for chain in ("a", "b")])
         stats = cluster.snapshot()
     assert [c.token_ids for c in twins[0]] == [c.token_ids for c in twins[1]]
@@ -147,7 +148,7 @@ def test_coordinator_metrics_reach_the_prometheus_endpoint(toy_replicas):
     @ray.remote(num_cpus=0)
     class ChainDriver:
         async def run(self, coordinators, prompt, chain_id, sampler):
-            from actors.chain_actor import drive_chain
+            from actors.chain_driver import drive_chain
             from presto_ray.chain import Chain
 
             result = await drive_chain(coordinators.for_prompt(prompt), chain_id, Chain(prompt, sampler, 0))

@@ -46,7 +46,7 @@ def test_streaming_chains_draw_the_serial_samples(streaming_replicas):
 
 def test_a_request_the_engine_refuses_reaches_its_chain_as_an_error(streaming_replicas):
     from actors.stream_protocol import ChainActions
-    from presto_ray.chain import StartRequest
+    from presto_ray.chain_stream import StartRequest
     from presto_ray.engines import ProposalRequest
 
     _, config = streaming_job()
@@ -68,10 +68,11 @@ def test_a_request_the_engine_refuses_reaches_its_chain_as_an_error(streaming_re
 def test_identical_streamed_requests_run_once(streaming_replicas):
     from actors.stream_protocol import ChainActions
     from presto_ray.chain import Chain
+    from presto_ray.chain_stream import ChainStream
 
     _, config = streaming_job()
     with SamplingCluster(config.engine, config.ray, replicas=streaming_replicas) as cluster:
-        starts = tuple(Chain((5, 6, 7), config.sampler, 0).start_requests(4))
+        starts = ChainStream(Chain((5, 6, 7), config.sampler, 0)).step(budget=4).starts
         for chain_id in ("a", "b"):
             ray.get(cluster.coordinator.stream_open.remote(chain_id, 4))
         updates = ray.get([cluster.coordinator.stream_exchange.remote(c, ChainActions(start=starts)) for c in "ab"])
@@ -95,6 +96,7 @@ def test_two_coordinators_stream_through_one_replica(streaming_replicas):
     from actors.coordinator import start_coordinator
     from actors.stream_protocol import ChainActions
     from presto_ray.chain import Chain
+    from presto_ray.chain_stream import ChainStream
 
     _, config = streaming_job(token_latency_s=0.002)
     with SamplingCluster(config.engine, config.ray, replicas=streaming_replicas) as cluster:
@@ -103,7 +105,7 @@ def test_two_coordinators_stream_through_one_replica(streaming_replicas):
             chains = {c: Chain((5, 6, 7 + i), config.sampler.model_copy(update={"seed": i}), 0) for i, c in enumerate((cluster.coordinator, other))}
             refs = {c: c.stream_open.remote("x", 4) for c in chains}
             budgets = {c: ray.get(ref) for c, ref in refs.items()}
-            starts = {c: tuple(chain.start_requests(budgets[c])) for c, chain in chains.items()}
+            starts = {c: ChainStream(chain).step(budget=budgets[c]).starts for c, chain in chains.items()}
             updates = {c: c.stream_exchange.remote("x", ChainActions(start=starts[c])) for c in chains}
             seen = {c: set() for c in chains}
             while any(len(seen[c]) < len(starts[c]) for c in chains):

@@ -6,6 +6,8 @@ import pytest
 
 from presto_ray import SamplerConfig
 from presto_ray.chain import Chain
+from presto_ray.chain_stream import ChainStream, StreamEvent
+from presto_ray.rounds import ChainRounds
 from presto_ray.driver import sample_many
 from presto_ray.engines.toy import ToyEngine
 from presto_ray.speculation import free_batch, streaming_budget
@@ -61,15 +63,15 @@ def test_the_threshold_is_streamings_only_and_min_expected_gain_still_counts():
 
     def first_starts(**update):
         """Requests started right after the block's extension (before it the tree is one request)."""
-        chain = Chain([4, 5, 6], base.model_copy(update=update), toy.eos_token_id)
-        (extension,) = chain.start_requests()
-        chain.complete(extension.key, toy.generate([extension.request]).completions[0])
-        return len(chain.start_requests())
+        stream = ChainStream(Chain([4, 5, 6], base.model_copy(update=update), toy.eos_token_id))
+        (extension,) = stream.step().starts
+        completion = toy.generate([extension.request]).completions[0]
+        return len(stream.step([StreamEvent(extension.key, completion=completion)]).starts)
 
     off, on = first_starts(speculation_gain=0.0), first_starts()
     assert 1 <= on < off == 8
     assert first_starts(min_expected_gain=0.9) <= on
     rounds = base.model_copy(update={"schedule": "rounds"})
-    assert len(Chain([4, 5, 6], rounds, toy.eos_token_id).plan()) == len(
-        Chain([4, 5, 6], rounds.model_copy(update={"speculation_gain": 0.0}), toy.eos_token_id).plan()
+    assert len(ChainRounds(Chain([4, 5, 6], rounds, toy.eos_token_id)).plan().requests) == len(
+        ChainRounds(Chain([4, 5, 6], rounds.model_copy(update={"speculation_gain": 0.0}), toy.eos_token_id)).plan().requests
     )

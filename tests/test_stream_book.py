@@ -9,7 +9,7 @@ from dataclasses import replace
 from actors.coordinator_commands import AbortStreams, BoundStreams, PollReplica, ReplicaLost, StartStreams, WakeChains, WakeStreams
 from actors.coordinator_core import CoordinatorCore
 from actors.stream_protocol import ChainActions, ChainEvent, ChainUpdate, ReplicaEvent, ReplicaEvents, ReplicaStart
-from presto_ray.chain import StartRequest
+from presto_ray.chain_stream import StartRequest
 from presto_ray.early_rejection import RejectionBound
 from presto_ray.engines.base import CallAccounting, ProposalRequest
 from presto_ray.ray_config import RayConfig

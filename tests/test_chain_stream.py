@@ -1,4 +1,4 @@
-"""ChainStream.step, the one streaming step both drivers call: whether events arrive one at a time
+"""ChainStream.step, the streaming book's one entry, which both drivers call: whether events arrive one at a time
 (the in-process driver) or a batch at a time (the Ray driver), the chain walks the serial
 trajectory; each fork point is asked for once; errors and stale events are handled in one place."""
 
@@ -7,16 +7,15 @@ import pytest
 from presto_ray import SamplerConfig
 from presto_ray.chain import Chain
 from presto_ray.engines.toy import ToyEngine
-from presto_ray.stream_step import ChainStream, StreamEvent, StreamRequestError
+from presto_ray.chain_stream import ChainStream, StreamEvent, StreamRequestError
 from identity_helpers import assert_same_walk, run_recorded
 
 TOY = dict(vocab_size=64, logit_scale=4.0, eos_bias=-3.0, seed=1)
 
 
-def _run_batched(engine, chain):
+def _run_batched(engine, stream):
     """The Ray driver's shape on the virtual clock: every batch of engine events goes to the chain
     in one step. Checks that no fork point is asked for twice while its request runs."""
-    stream = ChainStream(chain)
     handles, keys, asked = {}, {}, set()
     actions = stream.step()
     while True:
@@ -28,7 +27,7 @@ def _run_batched(engine, chain):
             handles[start.key] = engine.submit(start.request, start.priority)
             keys[handles[start.key]] = start.key
         for key, needed in actions.wakes:
-            assert (key, needed) not in asked and chain.is_running(key)
+            assert (key, needed) not in asked and stream.is_running(key)
             asked.add((key, needed))
             engine.wake_at(handles[key], needed)
         events = []
@@ -54,10 +53,11 @@ def test_batched_events_walk_the_serial_chain(fixed_length, sampler):
     config = SamplerConfig(block_size=32, mh_steps=12, prefetch_budget=8, seed=3, fixed_length=fixed_length, sampler=sampler, schedule="streaming", **extra)
     chain = Chain([5, 6, 7], config, toy.eos_token_id, record_edges=True)
     engine = toy.streaming()
-    _run_batched(engine, chain)
+    stream = ChainStream(chain)
+    _run_batched(engine, stream)
     serial = run_recorded(toy, [5, 6, 7], config.model_copy(update={"traversal": "serial", "schedule": "rounds"}))
     assert_same_walk(chain, serial)
-    assert chain.running_requests == 0 and not engine.busy
+    assert stream.running_requests == 0 and not engine.busy
     if sampler == "power_mh":
         assert chain.stats.forked_requests > 0 and chain.stats.aborted_requests > 0  # the step forks and aborts here
 
@@ -70,7 +70,7 @@ def test_an_error_event_raises_and_a_stale_event_is_ignored():
     assert first.starts and not first.done and first.transitions == 0
     key = first.starts[0].key
     stale = stream.step([StreamEvent((99, (), 0), error="lost")])  # not a running request of this chain
-    assert not stale.done and chain.is_running(key)
+    assert not stale.done and stream.is_running(key)
     with pytest.raises(StreamRequestError, match="refused: too long"):
         stream.step([StreamEvent(key, error="refused: too long")])
 
@@ -84,9 +84,9 @@ def test_a_finished_chain_aborts_what_runs_and_starts_nothing():
     completions = {}
     while not actions.done:
         completions.update((s.key, toy.generate([s.request]).completions[0]) for s in actions.starts)
-        running = {key for key in completions if chain.is_running(key)}
+        running = {key for key in completions if stream.is_running(key)}
         needed = min(running)  # deliver in any order: the walk waits for what it needs
         actions = stream.step([StreamEvent(needed, completion=completions.pop(needed))])
     assert actions.starts == () and actions.wakes == ()
     assert set(actions.aborts) == running - {needed}  # what still ran when the chain finished
-    assert chain.running_requests == 0 and chain.done
+    assert stream.running_requests == 0 and chain.done

@@ -1,0 +1,234 @@
+"""The streaming schedule's book: a chain's running requests, walked the moment they land.
+
+    stream = ChainStream(chain)
+    actions = stream.step()                  # start: what to start, wake and abort
+    actions = stream.step(events, budget)    # each batch of events for the chain, until actions.done
+
+`step` is the book's one entry: it takes the events that landed (completions, fork points
+reached, errors), walks each completion, and returns what the driver must carry out; the order
+in which a chain delivers events, drops dead requests, plans and updates bounds lives here, so no
+driver can get it wrong. Both streaming drivers (presto_ray/streaming.py in process,
+actors/chain_driver.py over Ray) only carry out `StreamActions` (docs/streaming.md).
+
+The book owns the chain's requests: those running (with the tokens they have so far and the
+bounds they carry), the completions the walk has not consumed yet, and the fork points it asked
+to be woken at. The plan is rebuilt only when something it depends on changed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Protocol
+
+from presto_ray.chain import Chain, ProposalKey
+from presto_ray.early_rejection import RejectionBound
+from presto_ray.engines.base import Completion, ProposalRequest
+from presto_ray.plan_tree import PlanTree, RequestKey
+from presto_ray.proposal_book import ProposalBook
+from presto_ray.selection import reach_probabilities
+from presto_ray.speculation import speculation_threshold
+
+
+class RequestEvent(Protocol):
+    """What happened to one of the chain's running requests: it ended (`completion` or `error`)
+    or reached a fork point (`partial`: its tokens so far)."""
+
+    @property
+    def key(self) -> ProposalKey: ...
+
+    @property
+    def partial(self) -> tuple[int, ...] | None: ...
+
+    @property
+    def completion(self) -> Completion | None: ...
+
+    @property
+    def error(self) -> str | None: ...
+
+
+@dataclass(frozen=True)
+class StreamEvent:
+    """A RequestEvent built by an in-process driver."""
+
+    key: ProposalKey
+    partial: tuple[int, ...] | None = None
+    completion: Completion | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class StartRequest:
+    """A request the chain wants running now. `priority`: lower runs first; 0 for the request the
+    walk needs next, else 1 - the probability that the walk uses it."""
+
+    key: ProposalKey
+    request: ProposalRequest
+    priority: float
+
+
+@dataclass(frozen=True)
+class StreamActions:
+    """What the driver must do after a step. `done`: the chain is finished (its remaining requests
+    are in `aborts`; nothing starts); `transitions`: MH transitions the step's events completed."""
+
+    aborts: tuple[ProposalKey, ...]
+    starts: tuple[StartRequest, ...]
+    wakes: tuple[tuple[ProposalKey, int], ...]  # (running request, token count that unlocks a fork)
+    done: bool
+    transitions: int
+    bounds: tuple[tuple[ProposalKey, tuple[RejectionBound, ...]], ...] = ()  # running request -> its new rejection bounds
+
+
+class StreamRequestError(RuntimeError):
+    """An engine refused or lost one of a streaming chain's requests."""
+
+
+class ChainStream(ProposalBook):
+    """A chain's side of the streaming schedule. Call `step()` once with no events to start, then
+    with each batch of events for the chain until `done`."""
+
+    def __init__(self, chain: Chain) -> None:
+        super().__init__(chain)
+        self._running: dict[ProposalKey, None] = {}  # started, neither completed nor dropped (in start order)
+        self._completed: dict[ProposalKey, Completion] = {}  # completions the walk has not consumed
+        self._partial: dict[ProposalKey, tuple[int, ...]] = {}  # tokens of running proposals, at fork points
+        self._sent_bounds: dict[ProposalKey, tuple[RejectionBound, ...]] = {}  # what each running request carries
+        self._woken: dict[ProposalKey, set[int]] = {}  # fork points asked for, per running request
+        self._tree: PlanTree | None = None  # the plan from the current state and knowledge
+
+    @property
+    def running_requests(self) -> int:
+        return len(self._running)
+
+    def is_running(self, key: ProposalKey) -> bool:
+        """`key` was started and has neither completed nor been dropped as useless."""
+        return key in self._running
+
+    def step(self, events: Iterable[RequestEvent] = (), budget: int | None = None) -> StreamActions:
+        """Deliver `events` in order, then plan: `budget` caps the requests kept running (None:
+        the chain's `prefetch_budget`; drivers lower it under load, presto_ray/speculation.py)."""
+        transitions = 0
+        for event in events:
+            if event.key not in self._running:
+                continue  # dropped by the chain after the event left its engine
+            if event.error is not None:
+                raise StreamRequestError(event.error)
+            if event.completion is not None:
+                transitions += self._complete(event.key, event.completion)
+            else:
+                self._partial[event.key] = tuple(event.partial or ())
+                self._tree = None
+        aborts = tuple(self._drop_useless())
+        if self.chain.done:
+            return StreamActions(aborts, (), (), True, transitions)
+        starts = tuple(self._start(budget))
+        return StreamActions(aborts, starts, self._wakes(), False, transitions, self._bound_updates())
+
+    # --- the step's parts, in its order ---------------------------------------------------
+    def _complete(self, key: ProposalKey, completion: Completion) -> int:
+        """A running request ended: walk as far as the realized path allows; its transitions."""
+        del self._running[key]
+        self._forget(key)
+        self._completed[key] = completion
+        self._count_completed(key, completion)
+        report = self._walked(self.chain.walk(self._completed.get))
+        for used in report.used:
+            del self._completed[used]
+        if report.unusable is not None:
+            self._completed.pop(report.unusable, None)  # asked again, without bounds, by the next start
+        self._tree = None
+        return report.transitions
+
+    def _drop_useless(self) -> list[ProposalKey]:
+        """Running requests no reachable node can use any more: the chain forgets them."""
+        needed = set() if self.chain.done else self._plan().keys
+        useless = [key for key in self._running if key[:2] not in needed]
+        for key in useless:
+            del self._running[key]
+            self._forget(key)
+        for key in [key for key in self._completed if key[:2] not in needed]:
+            del self._completed[key]
+        self.chain.stats.aborted_requests += len(useless)
+        return useless
+
+    def _start(self, budget: int | None) -> list[StartRequest]:
+        """Requests to start now, needed first: the root's when it is not running, then the most
+        probable ones, while fewer than `budget` requests run (default and cap: `prefetch_budget`).
+        Predictive: a speculative request must add `speculation_threshold` expected completed
+        transitions (or `min_expected_gain`, the larger)."""
+        config = self.chain.config
+        budget = config.prefetch_budget if budget is None else min(budget, config.prefetch_budget)
+        tree = self._plan()
+        issued = {key[:2] for key in (*self._running, *self._completed)}
+        min_gain = max(config.min_expected_gain, speculation_threshold(config.prefetch_budget, config.speculation_gain))
+        keys = self.planner.select(tree, budget - len(self._running), issued, min_gain)
+        if not keys:
+            return []
+        reach = reach_probabilities(tree.root, issued | set(keys))
+        starts = []
+        for key in keys:
+            priority = 0.0 if key == tree.root.key else 1.0 - reach[key]
+            for i, request in enumerate(self.planner.requests(key, tree)):
+                starts.append(StartRequest((*key, i), request, priority))
+                self._running[(*key, i)] = None
+                self._sent_bounds[(*key, i)] = request.rejection_bounds
+        stats = self.chain.stats
+        stats.stream_batches += 1
+        stats.forked_requests += sum(key in tree.forks for key in keys)
+        self._count_issued([start.request for start in starts])
+        self._tree = None
+        return starts
+
+    def _wakes(self) -> tuple[tuple[ProposalKey, int], ...]:
+        """Running proposal -> the token count that unlocks a request deferred on it, each asked once."""
+        wakes = []
+        for key, needed in self._plan().fork_points.items():
+            stream_key = (*key, 0)
+            if stream_key not in self._running:
+                continue
+            asked = self._woken.setdefault(stream_key, set())
+            if needed not in asked:
+                asked.add(needed)
+                wakes.append((stream_key, needed))
+        return tuple(wakes)
+
+    def _bound_updates(self) -> tuple[tuple[ProposalKey, tuple[RejectionBound, ...]], ...]:
+        """Running requests whose bounds the walk changed: the new set for each (the bounds of
+        the nodes in the current state that use it; empty: run to the end). A request started
+        below an unfinished accept edge carries none; once the walk accepts that edge, its node
+        is in the chain's state and its bound is known, so the engine may stop it early."""
+        tree = self._plan()
+        updates = []
+        for key, sent in self._sent_bounds.items():
+            wanted = self.planner.bounds(key[:2], tree)
+            if wanted != sent:
+                updates.append((key, wanted))
+        for key, bounds in updates:
+            self._sent_bounds[key] = bounds
+        return tuple(updates)
+
+    # --- what the plan knows ----------------------------------------------------------------
+    def _plan(self) -> PlanTree:
+        if self._tree is None:
+            self._tree = self.planner.tree(self._proposal_knowledge, self._stopped_early)
+        return self._tree
+
+    def _forget(self, key: ProposalKey) -> None:
+        self._partial.pop(key, None)
+        self._sent_bounds.pop(key, None)
+        self._woken.pop(key, None)
+
+    def _stopped_early(self, key: RequestKey) -> bool:
+        completion = self._completed.get((*key, 0))
+        return completion is not None and completion.stopped_early
+
+    def _proposal_knowledge(self, key: RequestKey) -> tuple[tuple[int, ...], bool] | None:
+        stream_key = (*key, 0)
+        if stream_key in self._completed:
+            completion = self._completed[stream_key]
+            # a stopped proposal's tokens are the full one's first tokens; its end is unknown
+            return completion.token_ids, not completion.stopped_early
+        if stream_key in self._running:
+            return self._partial.get(stream_key, ()), False
+        return None
+
