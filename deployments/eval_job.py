@@ -51,7 +51,7 @@ from deployments.data_job import DataJobSummary, connect_ray, filesystem, run_da
 from presto_ray.config import SamplerConfig
 from presto_ray.engines import build_tokenizer
 from presto_ray.engines.base import CallAccounting, Completion, ProposalRequest
-from presto_ray.evaluate import MethodRun
+from presto_ray.eval_runner import MethodRun
 from presto_ray.job import JobConfig, content_digest
 from presto_ray.results import SampleResult, SampleStats
 

@@ -11,15 +11,15 @@ only; the other commands' JobConfig does not know it).
           template: "{question}"
           chat: false       # the code is continued as it is, not wrapped in the chat template
 
-The default templates are the tasks' own instructions (presto_ray/tasks/, eval_tasks.py), so
-a default eval asks what `Problem.prompt` says.
+The default templates are the tasks' own instructions (presto_ray/tasks/), so a default eval
+asks what `Problem.prompt` says.
 """
 
 from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from presto_ray import eval_tasks
+from presto_ray.tasks import arithmetic as arithmetic_task
 from presto_ray.tasks import gsm8k as gsm8k_task
 from presto_ray.tasks import math as math_task
 from presto_ray.tasks import mcq as mcq_task
@@ -62,7 +62,7 @@ class EvalPrompts(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     arithmetic: EvalPrompt = Field(
-        EvalPrompt(template=f"{QUESTION} {eval_tasks.INSTRUCTION}"), description="The built-in generated task."
+        EvalPrompt(template=f"{QUESTION} {arithmetic_task.INSTRUCTION}"), description="The built-in generated task."
     )
     math: EvalPrompt = Field(EvalPrompt(template=f"{QUESTION}\n\n{math_task.INSTRUCTION}"), description="MATH / MATH500.")
     gsm8k: EvalPrompt = Field(EvalPrompt(template=f"{QUESTION}\n{gsm8k_task.INSTRUCTION}"), description="GSM8K.")

@@ -34,6 +34,7 @@ from presto_ray.config import SamplerConfig
 from presto_ray.kernels import EntropyCut, MultiTryKernel, PowerMHKernel, UniformCut
 from presto_ray.keys import derive_seed
 from presto_ray.results import SampleResult
+from presto_ray.table import format_table
 
 STATISTICS: dict[str, str] = {
     "mean_logp0": "mean log p0 per token",
@@ -249,17 +250,6 @@ class ValidationReport:
 def _num(x: float, sign: str = "") -> str:
     """4 significant digits, without exponents for the small differences a table shows."""
     return f"{x:{sign}.4g}" if x == 0 or abs(x) >= 1e-3 else f"{x:{sign}.5f}"
-
-
-def format_table(headers: list[str], body: list[list[str]]) -> str:
-    """A Markdown table, aligned for the terminal too."""
-    widths = [max(3, *(len(row[i]) for row in [headers, *body])) for i in range(len(headers))]
-
-    def line(cells: list[str]) -> str:
-        return "| " + " | ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths))) + " |"
-
-    rule = "| " + " | ".join((":" + "-" * (w - 1)) if i == 0 else ("-" * (w - 1) + ":") for i, w in enumerate(widths)) + " |"
-    return "\n".join([line(headers), rule, *map(line, body)])
 
 
 def run_validation(

@@ -1,5 +1,5 @@
-"""`presto-ray eval`: the answer extractor, the generated task, Wilson intervals, the five methods'
-logic on the toy (greedy is argmax decoding, best_of_n's choice, token counts, pass@k), prompts
+"""`presto-ray eval`: the answer extractor, the generated task, Wilson intervals, which graders run
+at once, the five methods' logic on the toy (greedy is argmax decoding, best_of_n's choice, token counts, pass@k), prompts
 from templates, and the command on the toy and on benchmark files."""
 
 from __future__ import annotations
@@ -16,9 +16,11 @@ from presto_ray.config import SamplerConfig
 from presto_ray.engines.base import CallAccounting, Completion, EngineOutput
 from presto_ray.engines.toy import ToyEngine, ToyTokenizer
 from presto_ray.eval_config import EvalConfig, EvalPrompts
-from presto_ray.eval_tasks import arithmetic_problems, build_task, extract_answer, gsm8k_rows, task_problems
-from presto_ray.evaluate import METHODS, method_seed, run_eval, wilson_interval
-from presto_ray.tasks import Grade, load_dataset
+from presto_ray.eval_methods import METHODS, method_seed
+from presto_ray.evaluate import run_eval
+from presto_ray.tasks import Grade, Grader, grader, load_dataset
+from presto_ray.tasks.arithmetic import arithmetic_problems, build_task, extract_answer, gsm8k_rows
+from presto_ray.tasks.report import wilson_interval
 
 
 @pytest.mark.parametrize(
@@ -58,12 +60,13 @@ def test_arithmetic_task_is_reproducible_graded_and_exact():
     problems = arithmetic_problems(60, seed=7)
     assert problems == arithmetic_problems(60, seed=7) == build_task("arithmetic", 60, 7)
     assert arithmetic_problems(10, seed=7) == problems[:10]  # a smaller n is a prefix
-    assert [p.question for p in arithmetic_problems(60, seed=8)] != [p.question for p in problems]
-    assert [p.level for p in problems[:6]] == [1, 2, 3, 1, 2, 3]
-    assert len({p.id for p in problems}) == 60
+    assert [p.prompt for p in arithmetic_problems(60, seed=8)] != [p.prompt for p in problems]
+    assert [p.fields["level"] for p in problems[:6]] == [1, 2, 3, 1, 2, 3]
+    assert len({p.id for p in problems}) == 60 and {p.task for p in problems} == {"arithmetic"}
     for p in problems:
-        assert p.answer >= 0 and p.answer == _recompute(p.question), p.question
-        assert p.question.endswith("Answer with the final number.")
+        assert int(p.reference) >= 0 and int(p.reference) == _recompute(p.fields["question"]), p.prompt
+        assert p.prompt == f"{p.fields['question']} Answer with the final number."
+        assert grader("arithmetic")(p, f"So it is {p.reference}.").correct
     with pytest.raises(ValueError, match="unknown task"):
         build_task("chess", 3)
 
@@ -74,13 +77,13 @@ def test_generated_problems_as_a_gsm8k_file_and_the_default_templates(tmp_path):
     path.write_text("".join(json.dumps(r) + "\n" for r in gsm8k_rows(problems)))
     dataset = load_dataset(str(path))
     assert dataset.task == "gsm8k" and [p.id for p in dataset.problems] == [p.id for p in problems]
-    assert [p.reference for p in dataset.problems] == [str(p.answer) for p in problems]
-    assert [p.fields["level"] for p in dataset.problems] == [p.level for p in problems]
-    assert [p.fields["question"] for p in dataset.problems] == [p.text for p in problems]
-    assert all("Answer with" not in p.text for p in problems)
+    assert [p.reference for p in dataset.problems] == [p.reference for p in problems]
+    assert [p.fields["level"] for p in dataset.problems] == [p.fields["level"] for p in problems]
+    assert [p.fields["question"] for p in dataset.problems] == [p.fields["question"] for p in problems]
+    assert all("Answer with" not in p.fields["question"] for p in problems)
     # the default templates ask exactly what each task's Problem.prompt says
     config = EvalConfig()
-    for p in dataset.problems + task_problems(problems):
+    for p in dataset.problems + problems:
         assert config.prompt(p.task, p.fields["question"]) == (p.prompt, True)
     for rows, task in [
         ([{"problem": "1 + {x}?", "answer": "2"}], "math"),
@@ -95,6 +98,23 @@ def test_generated_problems_as_a_gsm8k_file_and_the_default_templates(tmp_path):
     assert custom.prompt("gsm8k", "Q") == EvalConfig().prompt("gsm8k", "Q")  # the others keep their default
     with pytest.raises(ValueError, match=r"must contain \{question\}"):
         EvalPrompts.model_validate({"math": {"template": "no placeholder"}})
+
+
+def test_only_graders_that_run_each_grade_in_a_subprocess_grade_at_once():
+    """math-verify's timeouts need the main thread: only code's sandboxed grades run concurrently."""
+    assert grader("humaneval").concurrent
+    assert not any(grader(task).concurrent for task in ("arithmetic", "math", "gsm8k", "mcq"))
+    threads: set[str] = set()
+
+    def record(problem, text):
+        import threading
+
+        threads.add(threading.current_thread().name)
+        return Grade(True, "correct")
+
+    jobs = [(p, "1") for p in arithmetic_problems(8, seed=0)]
+    assert Grader(record).grade_all(jobs) == [Grade(True, "correct")] * 8 and len(threads) == 1
+    assert len(Grader(record, concurrent=True).grade_all(jobs)) == 8 and threads - {"MainThread"}
 
 
 def test_wilson_interval_known_values():
@@ -149,9 +169,9 @@ def test_greedy_is_argmax_decoding_and_deterministic():
     assert len(answers) == 5 and report.methods[0]["samples_per_problem"] == 1  # greedy answers once
     assert [a["token_ids"] for a in answers] == [a["token_ids"] for a in other_seed.answers["greedy"]]
     for p, a in zip(problems, answers):
-        expected = _argmax_decode(engine, engine.tokenizer.encode(p.question), 20)
+        expected = _argmax_decode(engine, engine.tokenizer.encode(p.prompt), 20)
         assert a["token_ids"] == expected and a["tokens"] == len(expected) == a["generated_tokens"]
-        assert a["logp0"] == pytest.approx(sum(engine.next_token_logprobs(engine.tokenizer.encode(p.question) + expected[:k])[t]
+        assert a["logp0"] == pytest.approx(sum(engine.next_token_logprobs(engine.tokenizer.encode(p.prompt) + expected[:k])[t]
                                                for k, t in enumerate(expected)))  # fmt: skip
 
 
@@ -186,8 +206,8 @@ def test_best_of_n_chooses_the_highest_log_p0_per_token():
     engine = ScriptedEngine()
     config = SamplerConfig(alpha=4.0, proposal_temperature=0.5, block_size=16, seed=4)
     problems = arithmetic_problems(4, seed=0)
-    grader = lambda problem, text: Grade(text.startswith("c"), "correct" if text.startswith("c") else "wrong")  # noqa: E731
-    report = run_eval(LocalBackend(engine), problems, config, methods=["best_of_n"], grader=grader,
+    starts_with_c = Grader(lambda problem, text: Grade(text.startswith("c"), "correct" if text.startswith("c") else "wrong"))
+    report = run_eval(LocalBackend(engine), problems, config, methods=["best_of_n"], grader=starts_with_c,
                       eval_config=EvalConfig(best_of_n=3, samples=2))  # fmt: skip
     m = report.methods[0]
     assert m["accuracy"] == 1.0 and m["oracle_accuracy"] == 1.0 and m["pass_at_k"] == {"1": 1.0, "2": 1.0}
@@ -246,9 +266,9 @@ def test_streaming_power_counts_the_chains_tokens_and_the_engine_counts_aborted_
 def test_several_samples_give_pass_at_k():
     config = SamplerConfig(alpha=1.0, block_size=3, mh_steps=1, seed=0)
     # a grader that passes about half the answers by their first token's parity
-    grader = lambda problem, text: Grade(text != "" and text[0] in "acegikmoqsuwy", "")  # noqa: E731
+    odd_first = Grader(lambda problem, text: Grade(text != "" and text[0] in "acegikmoqsuwy", ""))
     report = run_eval(LocalBackend(ToyEngine(**TOY)), arithmetic_problems(6, seed=0), config, methods=["temperature_1"],
-                      grader=grader, eval_config=EvalConfig(samples=4))  # fmt: skip
+                      grader=odd_first, eval_config=EvalConfig(samples=4))  # fmt: skip
     m = report.methods[0]
     answers = report.answers["temperature_1"]
     assert m["samples_per_problem"] == 4 and len(answers) == 24 and sorted({a["sample"] for a in answers}) == [0, 1, 2, 3]

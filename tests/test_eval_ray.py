@@ -21,9 +21,10 @@ from presto_ray.backend import LocalBackend
 from presto_ray.engines import build_engine
 from presto_ray.engines.toy import ToyEngine
 from presto_ray.eval_config import EvalConfig
-from presto_ray.eval_tasks import arithmetic_problems, build_task, task_problems
-from presto_ray.evaluate import METHODS, run_eval
+from presto_ray.eval_methods import METHODS
+from presto_ray.evaluate import run_eval
 from presto_ray.job import JobConfig
+from presto_ray.tasks.arithmetic import arithmetic_problems, build_task
 
 pytest.importorskip("ray.data")
 
@@ -123,7 +124,7 @@ def test_a_killed_eval_resumes_its_committed_rows_and_refuses_another_config(ray
 
     # the resumed report has the uninterrupted in-process run's answers
     job = JobConfig.model_validate({k: v for k, v in data.items() if k != "eval"})
-    problems = task_problems(build_task("arithmetic", 3, 0))
+    problems = build_task("arithmetic", 3, 0)
     local = run_eval(LocalBackend(build_engine(job.engine)), problems, job.sampler, eval_config=EvalConfig(**data["eval"]),
                      methods=methods)  # fmt: skip
     for name in methods:

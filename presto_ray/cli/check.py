@@ -168,8 +168,10 @@ def load_eval_configs(args: argparse.Namespace) -> tuple[JobConfig, EvalConfig]:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from presto_ray.eval_tasks import build_task, gsm8k_rows, task_problems
-    from presto_ray.evaluate import METHODS, plot_report, run_eval
+    from presto_ray.eval_methods import METHODS
+    from presto_ray.eval_plot import plot_report
+    from presto_ray.evaluate import run_eval
+    from presto_ray.tasks.arithmetic import build_task, gsm8k_rows
     from presto_ray.output import write_json_atomic
     from presto_ray.tasks import DatasetError, load_dataset
 
@@ -203,7 +205,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         task = args.task or "arithmetic"
         if task != "arithmetic":
             return fail(f"--task {task} needs --dataset FILE (the benchmark's rows); without it the task is arithmetic")
-        problems = task_problems(build_task(task, args.n or 30, args.task_seed))
+        problems = build_task(task, args.n or 30, args.task_seed)
         about = f"task seed {args.task_seed}"
     png = eval_png_path(args.out, args.png)
     if args.work and not args.ray:

@@ -1,9 +1,10 @@
-"""What every benchmark task shares: a problem, a grade, and the error that names a bad row."""
+"""What every task shares: a problem, a grade, a grader, and the error that names a bad row."""
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable, Sequence
 
 
 class DatasetError(ValueError):
@@ -41,6 +42,25 @@ class Grade:
     status: str
     extracted: str | None = None  # what the grader read from the completion (None: nothing)
     detail: str = ""  # why, in a few words (code: the tail of the error)
+
+
+@dataclass(frozen=True)
+class Grader:
+    """A task's grading rule, and whether many grades may run at once: only where each runs in its
+    own subprocess (code). math-verify's timeouts need the main thread, so the others run in turn."""
+
+    grade: Callable[[Problem, str], Grade]
+    concurrent: bool = False
+
+    def __call__(self, problem: Problem, completion: str) -> Grade:
+        return self.grade(problem, completion)
+
+    def grade_all(self, jobs: Sequence[tuple[Problem, str]]) -> list[Grade]:
+        """Every (problem, completion) graded, in order."""
+        if self.concurrent:
+            with ThreadPoolExecutor() as pool:
+                return list(pool.map(lambda job: self.grade(*job), jobs))
+        return [self.grade(problem, completion) for problem, completion in jobs]
 
 
 def text_field(row: dict, name: str, where: str, *, required: bool = True) -> str | None:

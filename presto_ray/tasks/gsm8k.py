@@ -10,12 +10,13 @@ import re
 from decimal import Decimal, InvalidOperation
 
 from presto_ray.tasks.base import CORRECT, NO_ANSWER, WRONG, DatasetError, Grade, Problem, text_field
+from presto_ray.tasks.numbers import NumberReader
 
 NAME = "gsm8k"
 INSTRUCTION = "Solve the problem step by step, then give the final answer on its own line as '#### <number>'."
+# money signs and leading-dot decimals are numbers here (the arithmetic task's grammar has neither)
 _NUMBER = r"-?\$?\s?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|-?\.\d+"
-_MARKED = re.compile(r"####\s*(" + _NUMBER + r")")
-_ANY = re.compile(r"(?<![\w.])(" + _NUMBER + r")")
+_READER = NumberReader(_NUMBER, r"####\s*{number}")
 
 
 def _value(text: str) -> Decimal | None:
@@ -28,10 +29,10 @@ def _value(text: str) -> Decimal | None:
 def final_number(text: str) -> str | None:
     """The number a text answers with: the last `#### N`, else the last number; None if none.
     Returned normalised (no separators, no trailing zeros: '1,234.50' -> '1234.5')."""
-    found = _MARKED.findall(text) or _ANY.findall(text)
-    if not found:
+    found = _READER.read(text)
+    if found is None:
         return None
-    value = _value(found[-1])
+    value = _value(found)
     if value is None:
         return None
     normal = format(value.normalize(), "f")
