@@ -29,7 +29,7 @@ branch (its rejection is certain).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, NamedTuple
 
 from presto_ray.schedule import Schedule
 from presto_ray.selection import PlanNode
@@ -45,8 +45,7 @@ StoppedEarly = Callable[[RequestKey], bool]
 MAX_PLAN_DEPTH = 256
 
 
-@dataclass(frozen=True)
-class _Facts:
+class _Facts(NamedTuple):  # a tuple: hashed and compared in C, a tree hashes thousands per build
     known: tuple[int, ...]
     length: int
     whole_known: bool
@@ -64,6 +63,7 @@ class PlanTree:
     fork_points: dict[RequestKey, int]  # unfinished proposal -> its token count that unlocks a deferred step
     forks: set[RequestKey]  # keys whose prefix holds tokens of a proposal still being generated
     root_state_keys: set[RequestKey]  # keys nodes in the root's state need (their bound is known at plan time)
+    max_value: float = 1.0  # the largest node value (0 when every node is free): selection's bound
 
 
 def build_plan_tree(
@@ -108,6 +108,7 @@ def build_plan_tree(
     root_facts = _Facts(tuple(tokens), len(tokens), True)
     level: dict[_Facts, PlanNode] = {root_facts: root}
     keyed_depths = 0
+    nodes, free_nodes = 1, 0
     max_depth = min(MAX_PLAN_DEPTH, schedule.num_events - event_index)
     for depth in range(max_depth):
         if not level or keyed_depths >= max_keyed_depth:
@@ -122,6 +123,7 @@ def build_plan_tree(
                     continue  # the whole state is the prefix: unknown below a generation
                 if facts.length >= event.horizon or ends_with_eos(facts):
                     node.free, node.value = True, 0.0
+                    free_nodes += 1
                     branches = [(facts, 1.0)]
                 else:
                     key = node.key = (event.index, facts.known)
@@ -165,7 +167,9 @@ def build_plan_tree(
                 child = following.get(child_facts)
                 if child is None:
                     child = following[child_facts] = PlanNode(depth=depth + 1)
+                    nodes += 1
                 node.children.append((child, probability))
         keyed_depths += any_keyed
         level = following
+    tree.max_value = 1.0 if nodes > free_nodes else 0.0
     return tree

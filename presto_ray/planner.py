@@ -34,6 +34,14 @@ class Planner:
         )
         # keys whose stopped completion the walked node could not use: never bounded again (progress)
         self._unbounded: set[RequestKey] = set()
+        # a tree asks for the same (step, cut) hundreds of times, and trees are rebuilt at every
+        # event: branch probabilities are kept until the predictor refits, cuts until the state
+        # changes (uniform cuts depend on the length only: kept for good)
+        self._branch_memo: dict[tuple[int, float], float] = {}
+        self._branch_memo_fits = self.predictor.num_fits
+        self._cut_memo: dict[tuple[int, int], int | None] = {}
+        self._cut_memo_state = chain.state
+        self._cuts_depend_on_state = isinstance(chain.kernel.cut_law, EntropyCut)
 
     def observe(self, report: WalkReport) -> None:
         """Learn from the MH edges a walk realized; and never bound again a key it could not use."""
@@ -72,7 +80,7 @@ class Planner:
         if config.traversal != "serial" and budget > 0:
             if config.traversal == "predictive":
                 gain = config.min_expected_gain if min_gain is None else min_gain
-                keys = cast(list[RequestKey], select_max_expected(tree.root, budget, gain, issued=issued))
+                keys = cast(list[RequestKey], select_max_expected(tree.root, budget, gain, issued=issued, max_value=tree.max_value))
             else:
                 keys = cast(list[RequestKey], select_breadth_first(tree.root, budget, issued=issued))
         root_key = cast("RequestKey | None", tree.root.key)
@@ -123,10 +131,16 @@ class Planner:
         """The planner's chance that `step` accepts. Predictive: the predictor's, given the step's
         keyed acceptance uniform V_j, which is known before its proposal exists."""
         config = self.chain.config
-        if config.traversal == "predictive":
+        if config.traversal != "predictive":
+            return 0.5
+        if self._branch_memo_fits != self.predictor.num_fits:
+            self._branch_memo, self._branch_memo_fits = {}, self.predictor.num_fits
+        key = (step, cut_fraction)
+        probability = self._branch_memo.get(key)
+        if probability is None:
             accept_uniform = step_keys(config.seed, step).accept_uniform
-            return self.predictor.accept_branch_probability(cut_fraction, accept_uniform)
-        return 0.5
+            probability = self._branch_memo[key] = self.predictor.accept_branch_probability(cut_fraction, accept_uniform)
+        return probability
 
     def _planned_cut(self, step: int, length: int) -> int | None:
         """The cut of `step` for a planned state of `length` tokens sharing the root's known part.
@@ -135,10 +149,17 @@ class Planner:
         below an accepted proposal the planner assumes the root's (a guess the walk verifies).
         """
         chain = self.chain
+        if self._cuts_depend_on_state and self._cut_memo_state is not chain.state:
+            self._cut_memo, self._cut_memo_state = {}, chain.state
+        key = (step, length)
+        if key in self._cut_memo:
+            return self._cut_memo[key]
         u = step_keys(chain.config.seed, step).cut_uniform
         cut_law = chain.kernel.cut_law
+        cut: int | None
         if isinstance(cut_law, EntropyCut):
-            if length > len(chain.state):
-                return None
-            return cut_law.draw_from_entropy(u, chain.state.entropy[:length])
-        return cut_law.draw_for_length(u, length)
+            cut = None if length > len(chain.state) else cut_law.draw_from_entropy(u, chain.state.entropy[:length])
+        else:
+            cut = cut_law.draw_for_length(u, length)
+        self._cut_memo[key] = cut
+        return cut

@@ -28,7 +28,7 @@ MAX_KEYS_PER_DEPTH = 10
 MAX_SEARCH_NODES = 20_000
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class PlanNode:
     depth: int
     key: Hashable | None = None
@@ -131,7 +131,11 @@ def _max_node_value(root: PlanNode) -> float:
 
 
 def select_max_expected(
-    root: PlanNode, budget: int, cost_per_request: float = 0.0, issued: Iterable[Hashable] = ()
+    root: PlanNode,
+    budget: int,
+    cost_per_request: float = 0.0,
+    issued: Iterable[Hashable] = (),
+    max_value: float | None = None,
 ) -> list[Hashable]:
     """New keys maximising expected completed events minus `cost_per_request` per request, within budget.
 
@@ -145,11 +149,13 @@ def select_max_expected(
     requests cost is not tried: it cannot pay for itself, and the requests below it that only it
     makes reachable hold no more mass than it does (exact but for nodes that several paths reach).
     With cost 0 the search is exact. With one key per depth, as the rounds planner produces, it is
-    linear; past MAX_SEARCH_NODES nodes it returns the best set found so far.
+    linear; past MAX_SEARCH_NODES nodes it returns the best set found so far. `max_value`: the largest
+    node value in the DAG, when its builder knows it (else a walk over the DAG finds it).
     """
     best_score = float("-inf")
     best: list[Hashable] = []
-    max_value = _max_node_value(root)
+    if max_value is None:
+        max_value = _max_node_value(root)
     visited = 0
 
     def search(alive: dict[PlanNode, float], chosen: list, chosen_set: set, score: float, left: int) -> None:
