@@ -66,3 +66,29 @@ def test_unknown_ids_and_bad_input_are_exit_2(tmp_path, capsys):
     assert "cannot tell the task from the columns ['colour']" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["grade", "--dataset", dataset, "--completions", one, "--out", str(out), "--task", "chess"])
+
+
+def test_an_out_that_would_replace_an_input_is_refused(tmp_path, capsys, monkeypatch):
+    dataset = _jsonl(tmp_path / "he.jsonl", HUMANEVAL)
+    completions = _jsonl(tmp_path / "c.jsonl", [{"id": "t/0", "completion": "    return x + 1\n"}])
+    before = {path: open(path).read() for path in (dataset, completions)}
+    monkeypatch.chdir(tmp_path)
+    for out, flag in ((completions, "--completions"), (dataset, "--dataset"), ("c.jsonl", "--completions")):  # also by another name
+        assert main(["grade", "--dataset", dataset, "--completions", completions, "--out", out]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"--out {out} is {flag}" in err[0] and "would replace it" in err[0], err
+    assert main(["eval", "--dataset", dataset, "--out", dataset]) == 2  # refused before any config or model
+    assert "--out " + dataset + " is --dataset" in capsys.readouterr().err
+    assert {path: open(path).read() for path in (dataset, completions)} == before
+
+
+def test_memory_mb_too_small_is_refused(tmp_path, capsys):
+    dataset = _jsonl(tmp_path / "he.jsonl", HUMANEVAL)
+    completions = _jsonl(tmp_path / "c.jsonl", [{"id": "t/0", "completion": "    return x + 1\n"}])
+    out = tmp_path / "r.json"
+    for value in ("0", "-5", "63"):
+        assert main(["grade", "--dataset", dataset, "--completions", completions, "--out", str(out), "--memory-mb", value]) == 2
+        assert f"--memory-mb must be at least 64 (MiB of address space per sample), not {value}" in capsys.readouterr().err
+    assert not out.exists()
+    assert main(["grade", "--dataset", dataset, "--completions", completions, "--out", str(out), "--memory-mb", "64"]) == 0
+    assert json.loads(out.read_text())["accuracy"] == 1.0  # the smallest allowed still runs a sample

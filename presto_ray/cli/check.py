@@ -168,6 +168,7 @@ def load_eval_configs(args: argparse.Namespace) -> tuple[JobConfig, EvalConfig]:
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
+    from presto_ray.cli.grade import out_replaces_input
     from presto_ray.eval_methods import METHODS
     from presto_ray.eval_plot import plot_report
     from presto_ray.evaluate import run_eval
@@ -177,6 +178,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     if args.n is not None and args.n < 1:
         return fail("--n must be at least 1")
+    if clash := out_replaces_input(args.out, dataset=args.dataset):
+        return fail(clash)
     if args.export_gsm8k:  # the generated problems as a GSM8K file; no model is started
         if args.dataset:
             return fail("--export-gsm8k writes the generated arithmetic problems: leave out --dataset")

@@ -5,8 +5,21 @@ from __future__ import annotations
 import argparse
 import os
 from collections import Counter
+from pathlib import Path
 
 from presto_ray.cli.common import OK, Subparsers, fail, progress
+
+
+def out_replaces_input(out: str, **inputs: str | None) -> str | None:
+    """Why writing the report to `out` would replace one of the inputs (`--flag` = path), or None: the
+    batch job's check (presto_ray.output: the same file, a folder holding it, a file inside it)."""
+    from presto_ray.output import _overlap
+
+    for flag, path in inputs.items():
+        if path and "://" not in path and "://" not in out and (how := _overlap(Path(out), Path(path))):
+            relation = {"is": "is", "holds": "holds", "lies": "lies inside"}[how.split()[0]]
+            return f"--out {out} {relation} --{flag} {path}: the report would replace it; write it to another file"
+    return None
 
 
 def cmd_grade(args: argparse.Namespace) -> int:
@@ -14,12 +27,17 @@ def cmd_grade(args: argparse.Namespace) -> int:
 
     from presto_ray.output import write_json_atomic
     from presto_ray.tasks import DatasetError, Limits, grade, load_dataset, read_completions
+    from presto_ray.tasks.code import MIN_MEMORY_MB, describe_sandbox
     from presto_ray.tasks.report import GradedSample, grade_report, shown_ks
 
     if args.timeout <= 0:
         return fail("--timeout must be positive")
+    if args.memory_mb < MIN_MEMORY_MB:
+        return fail(f"--memory-mb must be at least {MIN_MEMORY_MB} (MiB of address space per sample), not {args.memory_mb}")
     if args.jobs is not None and args.jobs < 1:
         return fail("--jobs must be at least 1")
+    if clash := out_replaces_input(args.out, completions=args.completions, dataset=args.dataset):
+        return fail(clash)
     try:
         dataset = load_dataset(args.dataset, args.task, args.n)
         completions = read_completions(args.completions)
@@ -39,6 +57,8 @@ def cmd_grade(args: argparse.Namespace) -> int:
         index[c.id] += 1
     limits = Limits(timeout_s=args.timeout, memory_mb=args.memory_mb)
     progress(f"grading {len(completions)} completions of {len(index)} {dataset.task} problems")
+    if dataset.task == "humaneval":
+        progress(f"sandbox: {describe_sandbox(limits)}")
 
     def one(item: tuple) -> GradedSample:
         c, k = item

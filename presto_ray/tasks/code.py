@@ -481,7 +481,10 @@ def os_boundary() -> bool:
 
 def describe_sandbox(limits: Limits = Limits()) -> str:
     """One line saying what holds for the samples on this machine (docs/eval.md says what each means)."""
-    report = sandbox_report(limits)
+    try:
+        report = sandbox_report(limits)
+    except RuntimeError as e:
+        return str(e)
     spaces = ", ".join(report["held"]) or "no"
     if report["uid"] is not None:
         return f"each sample runs as a uid of its own in its own {spaces} namespaces"
