@@ -23,7 +23,7 @@ from typing import Iterable, Protocol
 from presto_ray.chain import Chain, ProposalKey
 from presto_ray.early_rejection import RejectionBound
 from presto_ray.engines.base import Completion, ProposalRequest
-from presto_ray.plan_tree import PlanTree, RequestKey
+from presto_ray.plan_tree import PlanTree, ProposalKnowledge, RequestKey
 from presto_ray.proposal_book import ProposalBook
 from presto_ray.selection import reach_probabilities
 from presto_ray.speculation import speculation_threshold
@@ -210,7 +210,7 @@ class ChainStream(ProposalBook):
     # --- what the plan knows ----------------------------------------------------------------
     def _plan(self) -> PlanTree:
         if self._tree is None:
-            self._tree = self.planner.tree(self._proposal_knowledge, self._stopped_early)
+            self._tree = self.planner.tree(*self._knowledge())
         return self._tree
 
     def _forget(self, key: ProposalKey) -> None:
@@ -218,17 +218,18 @@ class ChainStream(ProposalBook):
         self._sent_bounds.pop(key, None)
         self._woken.pop(key, None)
 
-    def _stopped_early(self, key: RequestKey) -> bool:
-        completion = self._completed.get((*key, 0))
-        return completion is not None and completion.stopped_early
-
-    def _proposal_knowledge(self, key: RequestKey) -> tuple[tuple[int, ...], bool] | None:
-        stream_key = (*key, 0)
-        if stream_key in self._completed:
-            completion = self._completed[stream_key]
-            # a stopped proposal's tokens are the full one's first tokens; its end is unknown
-            return completion.token_ids, not completion.stopped_early
-        if stream_key in self._running:
-            return self._partial.get(stream_key, ()), False
-        return None
+    def _knowledge(self) -> tuple[ProposalKnowledge, set[RequestKey]]:
+        """What the plan knows of each proposal (by its first try: MultiTryMH plans none below an
+        accept), and which were stopped early."""
+        known: dict[RequestKey, tuple[tuple[int, ...], bool]] = {
+            key[:2]: (self._partial.get(key, ()), False) for key in self._running if key[2] == 0
+        }
+        stopped: set[RequestKey] = set()
+        for key, completion in self._completed.items():
+            if key[2] == 0:
+                # a stopped proposal's tokens are the full one's first tokens; its end is unknown
+                known[key[:2]] = (completion.token_ids, not completion.stopped_early)
+                if completion.stopped_early:
+                    stopped.add(key[:2])
+        return known, stopped
 

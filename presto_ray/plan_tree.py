@@ -29,17 +29,17 @@ branch (its rejection is certain).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, NamedTuple
+from typing import AbstractSet, Callable, Mapping, NamedTuple
 
 from presto_ray.schedule import Schedule
 from presto_ray.selection import PlanNode
 
 RequestKey = tuple[int, tuple[int, ...]]  # (event index, prefix tokens)
 
-# What is known of a request's proposal: (its tokens so far, whether it has ended); None: nothing.
-ProposalKnowledge = Callable[[RequestKey], "tuple[tuple[int, ...], bool] | None"]
-# Whether a request's proposal was stopped by early rejection (its root-state nodes reject).
-StoppedEarly = Callable[[RequestKey], bool]
+# What is known of each running or finished proposal: (its tokens so far, whether it has ended).
+ProposalKnowledge = Mapping[RequestKey, "tuple[tuple[int, ...], bool]"]
+# The requests whose proposal was stopped by early rejection (their root-state nodes reject).
+StoppedEarly = AbstractSet[RequestKey]
 
 # Deeper than this a round never plans: reach probabilities are negligible long before.
 MAX_PLAN_DEPTH = 256
@@ -84,7 +84,7 @@ def build_plan_tree(
     """The DAG of future events from the realized state `tokens` at event `event_index`.
 
     `cut_for(step, length)` is the cut of MH step `step` for a state of `length` tokens whose
-    known part is the root's (None when it cannot be told now). `proposal(key)` tells what is
+    known part is the root's (None when it cannot be told now). `proposal[key]` tells what is
     known of a request's proposal (streaming); without it nothing below an accept edge is.
     """
 
@@ -94,7 +94,7 @@ def build_plan_tree(
 
     def accepted(facts: _Facts, key: RequestKey, cut: int, guessed_length: int) -> _Facts:
         """The state after `key`'s proposal replaced everything from `cut` on."""
-        info = proposal(key) if proposal is not None else None
+        info = proposal.get(key) if proposal is not None else None
         generated, ended = info if info is not None else ((), False)
         known = facts.known[:cut] + generated
         if ended:
@@ -149,7 +149,7 @@ def build_plan_tree(
                     node.cost = requests_per_step
                     if facts.source is not None and cut > facts.source_start:
                         tree.forks.add(key)
-                    if facts == root_facts and stopped_early is not None and stopped_early(key):
+                    if facts == root_facts and stopped_early is not None and key in stopped_early:
                         branches = [(facts, 1.0)]  # rejection is certain: no accept branch
                     else:
                         # guess: an unfinished proposal ends where the state it replaces ended
