@@ -18,6 +18,8 @@ from collections import deque
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 
+from presto_ray.ray_config import RayConfig
+
 
 @dataclass(frozen=True)
 class BatchingPolicy:
@@ -27,7 +29,7 @@ class BatchingPolicy:
     max_inflight_calls: int
 
     @classmethod
-    def from_settings(cls, settings) -> "BatchingPolicy":
+    def from_settings(cls, settings: RayConfig) -> "BatchingPolicy":
         """From a RayConfig (the `ray:` config section)."""
         return cls(settings.batch_window_s, settings.max_batch_wait_s, settings.max_requests_per_call, settings.max_inflight_calls)
 
@@ -54,7 +56,7 @@ class BatchingPolicy:
         return min(last_activity + self.batch_window_s, oldest_enqueued + self.max_batch_wait_s)
 
 
-def request_group(chain_id) -> object:
+def request_group(chain_id: Hashable) -> Hashable:
     """Whose chain this is, for fair sharing: the first part of a (request or prompt id, chain
     index) pair (an HTTP request's `n` chains form one group), else the id itself."""
     return chain_id[0] if isinstance(chain_id, tuple) and chain_id else chain_id

@@ -27,9 +27,9 @@ import asyncio
 import time
 import uuid
 from collections.abc import Hashable, Sequence
-from typing import Any
 
 import ray
+from ray.actor import ActorProxy
 from ray.exceptions import RayActorError
 
 from actors.background_tasks import BackgroundTasks
@@ -47,16 +47,24 @@ from actors.coordinator_commands import (
 )
 from actors.coordinator_core import CoordinatorCore
 from actors.coordinator_stats import CoordinatorSnapshot
+from actors.engine_replica import ReplicaHandle
 from actors.metrics import CoordinatorMetrics
+from actors.handles import remote_method
 from actors.stream_protocol import ChainActions, ChainUpdate
 from actors.stream_router import StreamRouter
 from presto_ray.engines.base import Completion, ProposalRequest
+from presto_ray.ray_config import RayConfig
 
 # How long a dead replica may take to come back (a vLLM replica restarts in ~30-60 s on CPUs).
 REPLICA_RESTART_TIMEOUT_S = 300.0
 
 
-def start_coordinator(replicas: list, settings, replica_ids: list[int] | None = None, num_cluster_replicas: int | None = None):
+def start_coordinator(
+    replicas: Sequence[ReplicaHandle],
+    settings: RayConfig,
+    replica_ids: list[int] | None = None,
+    num_cluster_replicas: int | None = None,
+) -> CoordinatorHandle:
     """The coordinator actor. Its state is soft (queues of in-flight rounds), so Ray may restart
     it: the rounds it held fail in their chains, which the drivers replay from their keys."""
     return (
@@ -72,9 +80,13 @@ class Coordinator:
     `num_cluster_replicas`, which its snapshot reports by."""
 
     def __init__(
-        self, replicas: list, settings, replica_ids: list[int] | None = None, num_cluster_replicas: int | None = None
+        self,
+        replicas: Sequence[ReplicaHandle],
+        settings: RayConfig,
+        replica_ids: list[int] | None = None,
+        num_cluster_replicas: int | None = None,
     ) -> None:
-        self.replicas = list(replicas)  # by position in the core's replica table
+        self.replicas: list[ReplicaHandle] = list(replicas)  # by position in the core's replica table
         self.settings = settings
         ids = list(replica_ids) if replica_ids is not None else list(range(len(self.replicas)))
         self.core = CoordinatorCore(settings, ids, num_cluster_replicas or len(self.replicas), epoch=uuid.uuid4().hex[:12])
@@ -86,6 +98,7 @@ class Coordinator:
         self.streams = StreamRouter(self.core, self.replicas.__getitem__, self.tasks, self.metrics, self.carry_out)
 
     # --- what chains call ----------------------------------------------------------------
+    @remote_method
     async def submit(self, chain_id: Hashable, requests: list[ProposalRequest]) -> list[Completion]:
         """Completions for `requests`, in order."""
         self._start()
@@ -106,6 +119,7 @@ class Coordinator:
         finally:
             self.core.calls.submit_done(chain_id, time.monotonic())
 
+    @remote_method
     async def stream_open(self, chain_id: Hashable, prefetch_budget: int) -> int:
         """A streaming chain starts (or starts again): its first budget of running requests."""
         self._start()  # the dispatch loop also expires active chains that fall silent
@@ -113,6 +127,7 @@ class Coordinator:
         self._after_chain_change()
         return budget
 
+    @remote_method
     async def stream_exchange(self, chain_id: Hashable, actions: ChainActions) -> ChainUpdate:
         """Abort, start and wake as the chain asks; answer with its next events as they land."""
         self.core.calls.last_activity = time.monotonic()
@@ -122,12 +137,14 @@ class Coordinator:
             self._caller_cancelled(chain_id)
             raise
 
-    async def register_chains(self, chain_ids: list) -> None:
+    @remote_method
+    async def register_chains(self, chain_ids: list[Hashable]) -> None:
         """Chains about to start: the first dispatch waits (up to the window) for their plans too."""
         self._start()
         self.core.register(chain_ids, time.monotonic())
         self._after_chain_change()
 
+    @remote_method
     def chain_finished(self, chain_id: Hashable) -> None:
         self.carry_out(self.core.chain_finished(chain_id))  # a streaming chain's leftover requests are aborted
         self.streams.forget_chain(chain_id)
@@ -145,36 +162,43 @@ class Coordinator:
         self._poke()  # the loop may sleep with no timer: it has had no chain to scan
 
     # --- the pool grows and shrinks (actors/replica_autoscaler.py) ---------------------------
-    async def add_replica(self, replica: Any, cluster_index: int) -> None:
+    @remote_method
+    async def add_replica(self, replica: ReplicaHandle, cluster_index: int) -> None:
         """A new engine replica: it takes its share of prompts (rendezvous moves only those) at once."""
         self.replicas.append(replica)
         self.core.add_replica(cluster_index)
         await self.streams.replicas_changed()
         self._poke()
 
+    @remote_method
     async def retire_replica(self, cluster_index: int) -> None:
         """Send replica `cluster_index` no new work; what it queued goes to the others."""
         self.core.retire_replica(cluster_index)
         await self.streams.replicas_changed()
         self._poke()
 
+    @remote_method
     def replica_indices(self) -> list[int]:
         """The cluster indices of the replicas this coordinator drives (retiring and retired too)."""
         return self.core.table.cluster_indices()
 
+    @remote_method
     def replica_drained(self, cluster_index: int) -> bool:
         """A retiring replica has no call, queued request or stream left: the pool may stop it."""
         return self.core.replica_drained(cluster_index)
 
+    @remote_method
     def forget_replica(self, cluster_index: int) -> None:
         """A drained replica is about to be killed: never route to, poll or probe it again."""
         self.streams.stop_polling(self.core.forget_replica(cluster_index))
 
+    @remote_method
     def snapshot(self) -> CoordinatorSnapshot:
         """Counters, call costs and per-replica state (copies: the caller may keep them), the
         per-replica lists indexed by the cluster's replica index."""
         return self.core.snapshot()
 
+    @remote_method
     def shutdown(self) -> None:
         """Stop every background task (dispatch loop, calls, probes, pollers)."""
         self.tasks.cancel_all()
@@ -261,3 +285,7 @@ class Coordinator:
             self._poke()
             return
         self.carry_out(self.core.probe_gave_up(i))
+
+
+# What `start_coordinator` returns: `coordinator.submit.remote(chain_id, requests)` is typed.
+CoordinatorHandle = ActorProxy[Coordinator]

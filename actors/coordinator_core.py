@@ -15,13 +15,14 @@ from actors.coordinator_stats import CoordinatorCounters, CoordinatorSnapshot
 from actors.replica_table import ReplicaTable
 from actors.stream_book import StreamBook
 from presto_ray.engines.base import CallAccounting
+from presto_ray.ray_config import RayConfig
 
 
 class CoordinatorCore:
     """`settings` is a RayConfig (the `ray:` section); `replica_ids` the cluster indices of the
     replicas driven, in the actor's order; `epoch` names this coordinator's streams on replicas."""
 
-    def __init__(self, settings, replica_ids: Sequence[int], num_cluster_replicas: int, *, epoch: str) -> None:
+    def __init__(self, settings: RayConfig, replica_ids: Sequence[int], num_cluster_replicas: int, *, epoch: str) -> None:
         self.counters = CoordinatorCounters()
         self.accounting = CallAccounting()  # every call's and stream's cost, as the replicas measured it
         self.num_cluster_replicas = num_cluster_replicas

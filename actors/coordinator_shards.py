@@ -1,26 +1,22 @@
 """Coordinator shards: when one coordinator actor cannot keep up, `ray.coordinator_shards` start
 several, each with its share of the engine replicas. A prompt's chains all go to one shard, chosen by
 rendezvous hashing of the prompt's first `affinity_tokens` tokens (the key the coordinator routes
-replicas by), so deduplication and prefix-cache affinity work within a shard exactly as before.
+replicas by), so deduplication and prefix-cache affinity work within a shard exactly as in one coordinator.
 """
 
 from __future__ import annotations
 
 import asyncio
-import zlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
+from typing import TYPE_CHECKING
 
 from actors.coordinator_stats import CoordinatorSnapshot
+from actors.replica_choice import prefix_key, rendezvous_order
 
+if TYPE_CHECKING:
+    from actors.coordinator import CoordinatorHandle
 
-def prefix_key(prompt_token_ids: Sequence[int], affinity_tokens: int) -> int:
-    """The affinity key of a prompt: a hash of its first `affinity_tokens` tokens."""
-    return zlib.crc32(",".join(map(str, prompt_token_ids[:affinity_tokens])).encode())
-
-
-def rendezvous_order(key: int, n: int, salt: str = "") -> list[int]:
-    """0..n-1 by rendezvous weight for `key`: adding or removing a target moves only its keys."""
-    return sorted(range(n), key=lambda i: zlib.crc32(f"{key}:{salt}{i}".encode()), reverse=True)
+__all__ = ["CoordinatorShards", "prefix_key", "rendezvous_order", "shard_replicas"]
 
 
 def shard_replicas(num_replicas: int, num_shards: int) -> list[list[int]]:
@@ -34,7 +30,7 @@ def shard_replicas(num_replicas: int, num_shards: int) -> list[list[int]]:
 class CoordinatorShards:
     """The coordinator actor handles of one cluster (picklable: stage actors and Serve replicas hold it)."""
 
-    def __init__(self, handles: Sequence, affinity_tokens: int) -> None:
+    def __init__(self, handles: Sequence[CoordinatorHandle], affinity_tokens: int) -> None:
         if not handles:
             raise ValueError("at least one coordinator is needed")
         self.handles = list(handles)
@@ -48,14 +44,14 @@ class CoordinatorShards:
             return 0
         return rendezvous_order(prefix_key(prompt_token_ids, self.affinity_tokens), len(self.handles), "shard")[0]
 
-    def for_prompt(self, prompt_token_ids: Sequence[int]):
+    def for_prompt(self, prompt_token_ids: Sequence[int]) -> CoordinatorHandle:
         """The coordinator that serves every chain of this prompt."""
         return self.handles[self.index_for(prompt_token_ids)]
 
-    async def register_chains(self, chains: Iterable[tuple[Sequence[int], object]]) -> None:
+    async def register_chains(self, chains: Iterable[tuple[Sequence[int], Hashable]]) -> None:
         """(prompt token ids, chain id) pairs about to start, each told to its prompt's shard: the
         first dispatch then waits for all their plans, so a batch's first round is one call."""
-        by_shard: dict[int, list] = {}
+        by_shard: dict[int, list[Hashable]] = {}
         for prompt_token_ids, chain_id in chains:
             by_shard.setdefault(self.index_for(prompt_token_ids), []).append(chain_id)
         await asyncio.gather(*(self.handles[i].register_chains.remote(ids) for i, ids in by_shard.items()))

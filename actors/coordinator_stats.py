@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
+from typing import TypeVar
 
 from presto_ray.engines.base import CallAccounting
 
@@ -95,5 +97,8 @@ class CoordinatorSnapshot:
         return a.cached_prompt_tokens / a.prompt_tokens if a.prompt_tokens else 0.0
 
 
-def _at(values: list, i: int, absent):
+T = TypeVar("T")
+
+
+def _at(values: Sequence[T], i: int, absent: T) -> T:
     return values[i] if i < len(values) else absent

@@ -8,6 +8,9 @@ import time
 from collections import defaultdict
 from collections.abc import Sequence
 
+from ray.actor import ActorProxy
+
+from actors.handles import remote_method
 from actors.stream_protocol import ReplicaEvent, ReplicaEvents, ReplicaStart, StreamId
 from presto_ray.early_rejection import RejectionBound
 from presto_ray.engines import (
@@ -48,9 +51,11 @@ class EngineReplica:
         self._advancing = False  # one poller advances the engine at a time; the others wait for news
         self._reported = CallAccounting()
 
-    def ready(self) -> dict:
+    @remote_method
+    def ready(self) -> dict[str, int | None]:
         return {"replica": self.replica_index, "pid": os.getpid(), "eos_token_id": self.engine.eos_token_id}
 
+    @remote_method
     async def generate(self, requests: Sequence[ProposalRequest]) -> EngineOutput:
         return await self.engine.agenerate(requests)
 
@@ -61,10 +66,12 @@ class EngineReplica:
             self._stream_engine = self.engine.streaming()
         return self._stream_engine
 
+    @remote_method
     async def free_batch(self) -> float:
         """Sequences this replica runs before speculation stops paying (presto_ray/speculation.py)."""
         return float(self.streams.free_batch)
 
+    @remote_method
     async def stream_submit(self, starts: Sequence[ReplicaStart]) -> None:
         engine = self.streams
         for start in starts:
@@ -80,12 +87,14 @@ class EngineReplica:
                 engine.wake_at(handle, generated)
         self._news.set()
 
+    @remote_method
     async def stream_wake(self, wakes: Sequence[tuple[StreamId, int]]) -> None:
         for stream_id, generated in wakes:
             handle = self._handles.get(stream_id)
             if handle is not None:
                 self.streams.wake_at(handle, generated)
 
+    @remote_method
     async def stream_bounds(self, bounds: Sequence[tuple[StreamId, tuple[RejectionBound, ...]]]) -> None:
         """New early-rejection bounds for running streams (a stream they stop ends as an event)."""
         for stream_id, new in bounds:
@@ -94,6 +103,7 @@ class EngineReplica:
                 self.streams.set_rejection_bounds(handle, new)
         self._news.set()
 
+    @remote_method
     async def stream_abort(self, stream_ids: Sequence[StreamId]) -> None:
         for stream_id in stream_ids:
             handle = self._handles.pop(stream_id, None)
@@ -101,6 +111,7 @@ class EngineReplica:
                 del self._stream_ids[handle]
                 self.streams.abort(handle)
 
+    @remote_method
     async def stream_events(self, epoch: str, timeout_s: float) -> ReplicaEvents:
         """What happened to coordinator `epoch`'s streams since its last poll: waits (at most
         `timeout_s`) for something."""
@@ -153,6 +164,7 @@ class EngineReplica:
             del self._stream_ids[handle]
             self.streams.abort(handle)
 
+    @remote_method
     def live_streams(self) -> int:
         """Streams submitted and neither ended nor aborted (tests: aborts leave nothing running)."""
         return len(self._handles)
@@ -164,5 +176,10 @@ class EngineReplica:
         delta, self._reported = now.minus(self._reported), now
         return delta
 
+    @remote_method
     def shutdown(self) -> None:
         self.engine.shutdown()
+
+
+# What `ray.remote(EngineReplica).remote(...)` returns: `replica.generate.remote(requests)` is typed.
+ReplicaHandle = ActorProxy[EngineReplica]

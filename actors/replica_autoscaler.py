@@ -10,18 +10,37 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from typing import Protocol
 
 from actors.autoscaling_policy import ReplicaScalingPolicy
+from actors.coordinator_stats import CoordinatorSnapshot
 from presto_ray.ray_config import ReplicaAutoscalingConfig
 
 log = logging.getLogger(__name__)
+
+
+class ReplicaPool(Protocol):
+    """What the autoscaler drives: a SamplingCluster (actors/cluster.py)."""
+
+    @property
+    def active_replicas(self) -> list[int]: ...
+
+    def snapshot(self) -> CoordinatorSnapshot: ...
+
+    def add_replica(self) -> int: ...
+
+    def retire_replica(self) -> int: ...
+
+    def stop_drained(self) -> list[int]: ...
+
+    def resync_shards(self) -> int: ...
 
 
 class ReplicaAutoscaler:
     """`step(now)` is one pass (tests drive it with their own clock); `start()` runs a pass every
     `interval_s` on a daemon thread until `stop()`."""
 
-    def __init__(self, cluster, scaling: ReplicaAutoscalingConfig) -> None:
+    def __init__(self, cluster: ReplicaPool, scaling: ReplicaAutoscalingConfig) -> None:
         self.cluster, self.scaling = cluster, scaling
         self.policy = ReplicaScalingPolicy(scaling)
         self.started_replicas: list[int] = []

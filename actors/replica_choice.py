@@ -10,7 +10,19 @@ back to any healthy replica, then to its preferred one (it waits there until a r
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Callable, Sequence
+
+
+def prefix_key(prompt_token_ids: Sequence[int], affinity_tokens: int) -> int:
+    """The affinity key of a prompt: a hash of its first `affinity_tokens` tokens."""
+    return zlib.crc32(",".join(map(str, prompt_token_ids[:affinity_tokens])).encode())
+
+
+def rendezvous_order(key: int, n: int, salt: str = "") -> list[int]:
+    """0..n-1 by rendezvous weight for `key`: adding or removing a target moves only its keys
+    (replicas by a prompt's key here; coordinator shards in actors/coordinator_shards.py)."""
+    return sorted(range(n), key=lambda i: zlib.crc32(f"{key}:{salt}{i}".encode()), reverse=True)
 
 
 def choose_replica(

@@ -15,9 +15,8 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from actors.coordinator_commands import ReplicaLost
-from actors.coordinator_shards import prefix_key, rendezvous_order
 from actors.coordinator_stats import CoordinatorCounters
-from actors.replica_choice import choose_replica
+from actors.replica_choice import choose_replica, prefix_key, rendezvous_order
 from presto_ray.engines.base import ProposalRequest
 
 T = TypeVar("T")

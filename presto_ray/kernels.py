@@ -28,7 +28,9 @@ from presto_ray.early_rejection import (
     jump_total,
     weight_difference,
 )
+from presto_ray.config import SamplerConfig
 from presto_ray.engines.base import Completion
+from presto_ray.keys import StepKeys
 from presto_ray.state import ChainState
 
 
@@ -164,7 +166,7 @@ class PowerMHKernel:
         backward = (state.suffix_logp0(cut), state.suffix_logq(cut))
         return self.log_weight_difference(forward, backward) + self.cut_correction(state, cut, candidate)
 
-    def transition(self, state: ChainState, cut: int, proposals: Sequence[Completion], keys) -> Transition:
+    def transition(self, state: ChainState, cut: int, proposals: Sequence[Completion], keys: StepKeys) -> Transition:
         candidate = state.replace_suffix(cut, proposals[0])
         log_ratio = self._log_ratio(state, cut, proposals[0], candidate)
         accepted = math.log(keys.accept_uniform) < log_ratio
@@ -213,7 +215,7 @@ class MultiTryKernel(PowerMHKernel):
         A = min(1, P(c | y) W / (P(c | x) (W - w(y) + w(x)))).
     """
 
-    _has_rejection_bound = False  # its ratio is computed exactly as before, whatever tau
+    _has_rejection_bound = False  # no bound is derived for its ratio: computed in the plain form, whatever tau
 
     def __init__(
         self, alpha: float, num_tries: int, cut_law: UniformCut | EntropyCut | None = None, tau: float | None = None
@@ -221,7 +223,7 @@ class MultiTryKernel(PowerMHKernel):
         super().__init__(alpha, cut_law, tau)
         self.num_tries = num_tries
 
-    def transition(self, state: ChainState, cut: int, proposals: Sequence[Completion], keys) -> Transition:
+    def transition(self, state: ChainState, cut: int, proposals: Sequence[Completion], keys: StepKeys) -> Transition:
         weights = [self.log_weight(float(p.logp0.sum()), float(p.logq.sum())) for p in proposals]
         total = _log_sum_exp(weights)
         selected = self._select(weights, total, keys.selection_uniform)
@@ -244,7 +246,7 @@ class MultiTryKernel(PowerMHKernel):
         return len(weights) - 1
 
 
-def build_kernel(config) -> PowerMHKernel:
+def build_kernel(config: SamplerConfig) -> PowerMHKernel:
     cut_law = EntropyCut(config.entropy_beta) if config.sampler == "entropy_cut" else UniformCut()
     if config.sampler == "multi_try":
         return MultiTryKernel(config.alpha, config.num_tries, cut_law, config.tau)

