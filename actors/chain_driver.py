@@ -8,9 +8,8 @@ from __future__ import annotations
 import functools
 import time
 import uuid
-from typing import Awaitable, Callable, Hashable, Sequence
+from typing import TYPE_CHECKING, Awaitable, Callable, Hashable, Sequence
 
-from ray.actor import ActorHandle
 from ray.exceptions import RayActorError
 
 from actors.metrics import ChainMetrics
@@ -21,12 +20,15 @@ from presto_ray.engines.base import Completion, ProposalRequest
 from presto_ray.results import SampleResult
 from presto_ray.rounds import ChainRounds
 
+if TYPE_CHECKING:
+    from actors.coordinator import CoordinatorHandle
+
 __all__ = ["StreamRequestError", "drive_chain", "generate"]  # StreamRequestError: what a refused request raises
 
 OnRound = Callable[[Chain], Awaitable[None]]  # awaited after each round (streaming: each batch of events that made progress)
 
 
-async def generate(coordinator: ActorHandle, requests: Sequence[ProposalRequest]) -> list[Completion]:
+async def generate(coordinator: CoordinatorHandle, requests: Sequence[ProposalRequest]) -> list[Completion]:
     """Plain requests (no chain: greedy, temperature sampling, best-of-n candidates) as one submit
     of an anonymous chain's round, which the coordinator batches and routes like any other."""
     chain_id = ("presto-ray-generate", uuid.uuid4().hex)
@@ -39,7 +41,7 @@ async def generate(coordinator: ActorHandle, requests: Sequence[ProposalRequest]
             pass  # the coordinator died with the round: it forgot the chain with everything else
 
 
-async def drive_chain(coordinator: ActorHandle, chain_id: Hashable, chain: Chain, on_round: OnRound | None = None) -> SampleResult:
+async def drive_chain(coordinator: CoordinatorHandle, chain_id: Hashable, chain: Chain, on_round: OnRound | None = None) -> SampleResult:
     """Run `chain` to the end through the coordinator, in rounds or streaming as its config says.
 
     `on_round(chain)` (optional) is awaited after each round (streaming: each batch of events that
@@ -60,7 +62,7 @@ async def drive_chain(coordinator: ActorHandle, chain_id: Hashable, chain: Chain
     return chain.result(time.perf_counter() - started)
 
 
-async def _rounds(coordinator: ActorHandle, chain_id: Hashable, rounds: ChainRounds, metrics: ChainMetrics, on_round: OnRound | None) -> None:
+async def _rounds(coordinator: CoordinatorHandle, chain_id: Hashable, rounds: ChainRounds, metrics: ChainMetrics, on_round: OnRound | None) -> None:
     while not rounds.done:
         planned = rounds.plan()
         completions = await coordinator.submit.remote(chain_id, list(planned.requests))
@@ -69,7 +71,7 @@ async def _rounds(coordinator: ActorHandle, chain_id: Hashable, rounds: ChainRou
             await on_round(rounds.chain)
 
 
-async def _stream(coordinator: ActorHandle, chain_id: Hashable, stream: ChainStream, metrics: ChainMetrics, on_round: OnRound | None) -> None:
+async def _stream(coordinator: CoordinatorHandle, chain_id: Hashable, stream: ChainStream, metrics: ChainMetrics, on_round: OnRound | None) -> None:
     """The streaming schedule through the coordinator (presto_ray/streaming.py is the in-process
     form; both only carry what `ChainStream.step` decides): send what the chain wants aborted,
     started and woken; hand it the events that land."""
