@@ -1,9 +1,11 @@
 """The one owner of the Ray set-up: Ray itself, the replicas' placement group, engine replicas and
 the coordinator shards. The batch job, the HTTP service and the Ray bench all start and stop it here.
 
-    cluster = SamplingCluster(config.engine, config.ray).start()
+    cluster = SamplingCluster(config.engine, config.ray)   # started: replicas ready, coordinators up
     ... cluster.coordinators.for_prompt(prompt_ids).submit.remote(chain_id, requests) ...
     cluster.shutdown()
+
+or `with SamplingCluster(config.engine, config.ray) as cluster: ...`, which shuts it down on leaving.
 """
 
 from __future__ import annotations
@@ -11,18 +13,26 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from collections.abc import Sequence
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
 
 import ray
+from ray.util.placement_group import PlacementGroup
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from actors.coordinator import start_coordinator
+from actors.coordinator import CoordinatorHandle, start_coordinator
 from actors.coordinator_shards import CoordinatorShards, shard_replicas
 from actors.coordinator_stats import CoordinatorSnapshot
-from actors.engine_replica import EngineReplica
+from actors.engine_replica import EngineReplica, ReplicaHandle
+from actors.handles import kill_actor
 from actors.replica_autoscaler import ReplicaAutoscaler
 from presto_ray import process_watchdog
 from presto_ray.engines import EngineConfig
 from presto_ray.ray_config import RayConfig
+
+if TYPE_CHECKING:
+    from ray._private.node import Node
 
 
 def ensure_ray(address: str | None = None, quiet: bool = False) -> None:
@@ -49,51 +59,55 @@ LOCAL_RAY_RECORDS = process_watchdog.records_folder("local-ray")
 
 
 def _session_dir() -> str | None:
+    node: Node | None = ray._private.worker._global_node  # this process's Ray node, once ray.init ran
     try:
-        return ray._private.worker._global_node.get_session_dir_path()
+        return None if node is None else node.get_session_dir_path()
     except Exception:
         return None
 
 
 class SamplingCluster:
-    """Engine replicas and the coordinator in front of them.
+    """Engine replicas and the coordinator shards in front of them, started when constructed: Ray
+    connected (or started, see `ensure_ray`), every replica ready, the coordinators up and, with
+    `ray.replica_autoscaling`, the autoscaler running. `shutdown()` (or leaving a `with` block)
+    stops what it started.
 
     `replicas`: running replicas to reuse (the cluster leaves them running at shutdown); None
     starts its own. Actor handles are attributes, so tests can kill them mid-job.
     """
 
     def __init__(
-        self, engine_spec: EngineConfig, settings: RayConfig, *, address: str | None = None, replicas: list | None = None
+        self,
+        engine_spec: EngineConfig,
+        settings: RayConfig,
+        *,
+        address: str | None = None,
+        replicas: Sequence[ReplicaHandle] | None = None,
     ) -> None:
         self.engine_spec, self.settings, self.address = engine_spec, settings, address
-        self.replicas: list = list(replicas or [])
-        self._owns_replicas = not self.replicas
-        self.coordinators: CoordinatorShards | None = None
-        self._placement_group = None
-        self.autoscaler: ReplicaAutoscaler | None = None
+        self._owns_replicas = not replicas
+        self._placement_group: PlacementGroup | None = None
         self.draining: set[int] = set()  # retired by the autoscaler, still finishing their work
         self.stopped: set[int] = set()  # retired and stopped (their slots stay: indices never move)
+        self._shut_down = False
+        ensure_ray(address)
+        self.replicas: list[ReplicaHandle] = list(replicas) if replicas else self._start_replicas()
+        n = len(self.replicas)
+        self.coordinators = CoordinatorShards(
+            [
+                start_coordinator([self.replicas[i] for i in ids], settings, ids, n)
+                for ids in shard_replicas(n, settings.coordinator_shards)
+            ],
+            settings.affinity_tokens,
+        )
+        self.autoscaler: ReplicaAutoscaler | None = None
+        if settings.replica_autoscaling is not None and self._owns_replicas:
+            self.autoscaler = ReplicaAutoscaler(self, settings.replica_autoscaling).start()
 
     @property
     def gpus_per_replica(self) -> float:
         explicit = self.settings.replica_num_gpus
         return self.engine_spec.gpus_per_replica if explicit is None else explicit
-
-    def start(self) -> "SamplingCluster":
-        ensure_ray(self.address)
-        if not self.replicas:
-            self.replicas = self._start_replicas()
-        n = len(self.replicas)
-        self.coordinators = CoordinatorShards(
-            [
-                start_coordinator([self.replicas[i] for i in ids], self.settings, ids, n)
-                for ids in shard_replicas(n, self.settings.coordinator_shards)
-            ],
-            self.settings.affinity_tokens,
-        )
-        if self.settings.replica_autoscaling is not None and self._owns_replicas:
-            self.autoscaler = ReplicaAutoscaler(self, self.settings.replica_autoscaling).start()
-        return self
 
     # --- the pool grows and shrinks (driven by actors/replica_autoscaler.py) ----------------------
     @property
@@ -101,7 +115,7 @@ class SamplingCluster:
         """Indices of the replicas taking new work."""
         return [i for i in range(len(self.replicas)) if i not in self.draining and i not in self.stopped]
 
-    def _shard_of(self, i: int):
+    def _shard_of(self, i: int) -> CoordinatorHandle:
         # shard_replicas' partition (replica i to shard i mod shards), which holds as replicas are
         # added because there are never fewer replicas than shards when autoscaling
         return self.coordinators.handles[i % len(self.coordinators)]
@@ -124,7 +138,7 @@ class SamplingCluster:
 
     def stop_drained(self) -> list[int]:
         """Stop the retiring replicas whose calls and streams have all ended; their indices."""
-        stopped = []
+        stopped: list[int] = []
         for i in sorted(self.draining):
             shard = self._shard_of(i)
             if not ray.get(shard.replica_drained.remote(i)):
@@ -153,43 +167,50 @@ class SamplingCluster:
         return missing
 
     @staticmethod
-    def _stop_replica(replica) -> None:
+    def _stop_replica(replica: ReplicaHandle) -> None:
         try:
             ray.get(replica.shutdown.remote(), timeout=60)
         except Exception:  # already dead: nothing to free
             pass
-        ray.kill(replica, no_restart=True)
+        kill_actor(replica)
 
     @property
-    def coordinator(self):
+    def coordinator(self) -> CoordinatorHandle:
         """The first coordinator shard (the only one unless `ray.coordinator_shards` > 1)."""
-        return self.coordinators.handles[0] if self.coordinators else None
+        return self.coordinators.handles[0]
 
     def snapshot(self) -> CoordinatorSnapshot:
         return self.coordinators.snapshot_blocking()
 
     def shutdown(self) -> None:
+        """Stop the autoscaler, the coordinators, the replicas it started and their placement
+        group; once (a second call does nothing)."""
+        if self._shut_down:
+            return
+        self._shut_down = True
         if self.autoscaler is not None:
             self.autoscaler.stop()
             self.autoscaler = None
-        for actor in self.coordinators.handles if self.coordinators else []:
-            ray.kill(actor, no_restart=True)
+        for actor in self.coordinators.handles:
+            kill_actor(actor)
         if self._owns_replicas:
             for i, replica in enumerate(self.replicas):
                 if i not in self.stopped:
                     self._stop_replica(replica)
         if self._placement_group is not None:
             ray.util.remove_placement_group(self._placement_group)
-        self.coordinators, self._placement_group = None, None
+        self._placement_group = None
         self.replicas = [] if self._owns_replicas else self.replicas
 
-    def __enter__(self) -> "SamplingCluster":
-        return self.start()
+    def __enter__(self) -> SamplingCluster:
+        return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, traceback: TracebackType | None
+    ) -> None:
         self.shutdown()
 
-    def _replica_options(self) -> dict:
+    def _replica_options(self) -> dict[str, Any]:
         s = self.settings
         return dict(
             num_cpus=s.replica_num_cpus,
@@ -198,7 +219,7 @@ class SamplingCluster:
             max_concurrency=max(8, 2 * s.max_inflight_calls),
         )
 
-    def _start_replicas(self) -> list:
+    def _start_replicas(self) -> list[ReplicaHandle]:
         """The first replica actors (`num_replicas`, or the autoscaler's `min_replicas`), in one
         placement group when a strategy is configured."""
         s = self.settings
@@ -206,10 +227,11 @@ class SamplingCluster:
         options = self._replica_options()
         if s.placement_strategy:
             bundle = {k: v for k, v in {"CPU": cpus, "GPU": gpus}.items() if v > 0} or {"CPU": 0.001}
-            self._placement_group = ray.util.placement_group([bundle] * s.num_replicas, strategy=s.placement_strategy)
-            ray.get(self._placement_group.ready())
+            group = ray.util.placement_group([bundle] * s.num_replicas, strategy=s.placement_strategy)
+            self._placement_group = group
+            ray.get(group.ready())
         remote = ray.remote(EngineReplica)
-        replicas = []
+        replicas: list[ReplicaHandle] = []
         for i in range(s.initial_replicas):
             opts = dict(options)
             if self._placement_group is not None:

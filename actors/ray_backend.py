@@ -10,27 +10,36 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+from collections.abc import Sequence
 
 from actors.chain_driver import drive_chain, generate
 from actors.cluster import SamplingCluster
+from actors.engine_replica import ReplicaHandle
+from presto_ray.backend import KernelFactory
 from presto_ray.chain import Chain
+from presto_ray.config import SamplerConfig
+from presto_ray.engines.base import Completion, ProposalRequest
 from presto_ray.engines.specs import build_tokenizer
+from presto_ray.job import JobConfig
+from presto_ray.results import SampleResult
 
 
 class RayBackend:
-    def __init__(self, job_config, *, address: str | None = None, replicas: list | None = None) -> None:
+    def __init__(self, job_config: JobConfig, *, address: str | None = None, replicas: Sequence[ReplicaHandle] | None = None) -> None:
         self.tokenizer = build_tokenizer(job_config.engine)
         self.eos_token_id = self.tokenizer.eos_token_id
-        self.cluster = SamplingCluster(job_config.engine, job_config.ray, address=address, replicas=replicas).start()
+        self.cluster = SamplingCluster(job_config.engine, job_config.ray, address=address, replicas=replicas)
         self._ids = itertools.count()
 
-    def sample(self, prompts, configs, kernel_factory=None):
+    def sample(
+        self, prompts: Sequence[Sequence[int]], configs: Sequence[SamplerConfig], kernel_factory: KernelFactory | None = None
+    ) -> list[SampleResult]:
         chains = [
             Chain(p, c, self.eos_token_id, kernel=kernel_factory(c) if kernel_factory else None)
             for p, c in zip(prompts, configs, strict=True)
         ]
 
-        async def run():
+        async def run() -> list[SampleResult]:
             return await asyncio.gather(
                 *(
                     drive_chain(self.cluster.coordinators.for_prompt(chain.prompt), ("presto-ray", next(self._ids)), chain)
@@ -40,7 +49,7 @@ class RayBackend:
 
         return list(asyncio.run(run()))
 
-    def generate(self, requests):
+    def generate(self, requests: Sequence[ProposalRequest]) -> list[Completion]:
         if not requests:
             return []
         return asyncio.run(generate(self.cluster.coordinator, requests))

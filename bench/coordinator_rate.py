@@ -12,11 +12,15 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
+from pathlib import Path
 
 import ray
 
 from actors.cluster import SamplingCluster
+from actors.coordinator_shards import CoordinatorShards
+from actors.handles import kill_actor, remote_method
 from bench.table import Columns, format_table
 from presto_ray import __version__
 from presto_ray.engines import ToyEngineConfig
@@ -38,12 +42,14 @@ COLUMNS: Columns = [
 class SubmitLoad:
     """Simulated chains: submit a round, await it, submit the next, until the deadline."""
 
-    def __init__(self, coordinators) -> None:
+    def __init__(self, coordinators: CoordinatorShards) -> None:
         self.coordinators = coordinators
 
+    @remote_method
     def ready(self) -> bool:
         return True
 
+    @remote_method
     async def run(self, chain_ids: list[int], duration_s: float, requests_per_round: int) -> tuple[int, int]:
         deadline = time.monotonic() + duration_s
         totals = [0, 0]  # requests, rounds
@@ -65,7 +71,7 @@ class SubmitLoad:
 
 def measure(shards: int, chains: int, *, duration_s: float, requests_per_round: int, load_actors: int) -> dict:
     settings = RayConfig(num_replicas=4, coordinator_shards=shards, batch_window_s=0.01, max_batch_wait_s=0.05)
-    cluster = SamplingCluster(ToyEngineConfig(vocab_size=64), settings).start()
+    cluster = SamplingCluster(ToyEngineConfig(vocab_size=64), settings)
     try:
         remote = ray.remote(SubmitLoad).options(num_cpus=0, max_concurrency=4)
         loads = [remote.remote(cluster.coordinators) for _ in range(load_actors)]
@@ -76,7 +82,7 @@ def measure(shards: int, chains: int, *, duration_s: float, requests_per_round: 
         elapsed = time.perf_counter() - start
         snapshot = cluster.snapshot()
         for actor in loads:
-            ray.kill(actor)
+            kill_actor(actor)
     finally:
         cluster.shutdown()
     requests, rounds = map(sum, zip(*done))
@@ -94,14 +100,14 @@ def measure(shards: int, chains: int, *, duration_s: float, requests_per_round: 
 
 
 def run_coordinator_bench(
-    chain_counts=(64, 256, 1024),
-    shard_counts=(1, 2, 4),
+    chain_counts: Sequence[int] = (64, 256, 1024),
+    shard_counts: Sequence[int] = (1, 2, 4),
     *,
     duration_s: float = 5.0,
     requests_per_round: int = 4,
     load_actors: int = 4,
-    out_json: str | None = None,
-    progress=None,
+    out_json: str | Path | None = None,
+    progress: Callable[[str], None] | None = None,
 ) -> dict:
     started_ray = not ray.is_initialized()
     if started_ray:

@@ -17,16 +17,26 @@ A second table measures the batching policy (window and calls in flight) at one 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import TYPE_CHECKING, TypeVar
 
 from bench.plots import save_figure
 from bench.table import Columns, format_table
 from presto_ray import __version__
-from presto_ray.engines import build_engine
+from presto_ray.engines import EngineConfig, build_engine
+from presto_ray.engines.base import Engine
 from presto_ray.job import JobConfig, run_job
 from presto_ray.output import write_json_atomic
 from presto_ray.prompts import PromptItem
+
+if TYPE_CHECKING:
+    from actors.cluster import SamplingCluster
+    from actors.coordinator_stats import CoordinatorSnapshot
+    from actors.engine_replica import ReplicaHandle
+
+E = TypeVar("E", bound=Engine)
 
 TOY_LATENCY = {"call_latency_s": 0.05, "token_latency_s": 2e-5}
 COLUMNS: Columns = [
@@ -68,7 +78,9 @@ def _job_config(engine: dict, sampler: dict, chains: int, ray: dict) -> tuple[li
     return items, config
 
 
-def _ray_run(items, config, replicas) -> tuple[list[dict], object, float]:
+def _ray_run(
+    items: list[PromptItem], config: JobConfig, replicas: list[ReplicaHandle]
+) -> tuple[list[dict], CoordinatorSnapshot, float]:
     """The job through the Ray Data stage on running `replicas`: its rows, the coordinator's
     snapshot and the wall time of the Dataset's execution (the stage's actor start-up included)."""
     import ray.data
@@ -92,7 +104,9 @@ def _samples(rows: list[dict]) -> dict:
     return {(r["prompt_id"], r["chain"]): list(r["token_ids"]) for r in rows}
 
 
-def measure(engine_spec: dict, sampler: dict, chains: int, ray: dict, replicas, local_engine=None) -> dict:
+def measure(
+    engine_spec: dict, sampler: dict, chains: int, ray: dict, replicas: list[ReplicaHandle], local_engine: Engine | None = None
+) -> dict:
     """One row: the same job on Ray (on running `replicas`) and in-process (when `local_engine` is given)."""
     items, config = _job_config(engine_spec, sampler, chains, ray)
     rows, snapshot, job_time = _ray_run(items, config, replicas)
@@ -131,7 +145,7 @@ def measure(engine_spec: dict, sampler: dict, chains: int, ray: dict, replicas, 
     return row
 
 
-def _engines(engine_spec: dict, sampler: dict, build) -> tuple:
+def _engines(engine_spec: dict, sampler: dict, build: Callable[[EngineConfig], E]) -> tuple[E, SamplingCluster]:
     """The in-process engine and a cluster with one Ray replica of the same spec, both warmed up on
     every prompt (vLLM's first calls and cold prefix caches must not count against either side).
     Each measured job runs its own coordinator and stage actors on the cluster's replicas."""
@@ -139,7 +153,7 @@ def _engines(engine_spec: dict, sampler: dict, build) -> tuple:
 
     items, config = _job_config(engine_spec, sampler, 4, {})
     engine = build(config.engine)
-    cluster = SamplingCluster(config.engine, config.ray).start()
+    cluster = SamplingCluster(config.engine, config.ray)
     run_job(items, config, engine)
     _ray_run(items, config, cluster.replicas)
     return engine, cluster
@@ -147,12 +161,12 @@ def _engines(engine_spec: dict, sampler: dict, build) -> tuple:
 
 def run_ray_bench(
     *,
-    chain_counts=(1, 2, 4, 8, 16, 32, 64),
-    vllm_chain_counts=(),
+    chain_counts: Sequence[int] = (1, 2, 4, 8, 16, 32, 64),
+    vllm_chain_counts: Sequence[int] = (),
     policy_chains: int = 16,  # 0: skip the batching-policy table
     out_json: str | Path | None = None,
     out_png: str | Path | None = None,
-    progress=print,
+    progress: Callable[[str], None] = print,
 ) -> dict:
     from actors.cluster import ensure_ray
 

@@ -33,7 +33,7 @@ def slow_cluster(ray_address):
     from presto_ray.engines import ToyEngineConfig
     from presto_ray.ray_config import RayConfig
 
-    cluster = SamplingCluster(ToyEngineConfig(call_latency_s=1.0), RayConfig(chain_idle_timeout_s=1.0)).start()
+    cluster = SamplingCluster(ToyEngineConfig(call_latency_s=1.0), RayConfig(chain_idle_timeout_s=1.0))
     yield cluster
     cluster.shutdown()
 

@@ -101,7 +101,7 @@ def test_the_pool_grows_under_load_and_shrinks_when_idle(ray_address):
         min_replicas=1, max_replicas=2, target_ongoing_requests=4, upscale_delay_s=0, downscale_delay_s=0.5, interval_s=0.1
     )
     configs = _configs("rounds", num_blocks=8)  # long enough to outlast a replica's start
-    cluster = SamplingCluster(spec, RayConfig(replica_autoscaling=scaling)).start()
+    cluster = SamplingCluster(spec, RayConfig(replica_autoscaling=scaling))
     try:
         assert cluster.active_replicas == [0]
         out: dict = {}
@@ -132,7 +132,7 @@ def test_a_replica_retired_mid_run_finishes_its_work_and_changes_no_sample(ray_a
     spec = ToyEngineConfig(call_latency_s=0.1, token_latency_s=0.01)
     scaling = ReplicaAutoscalingConfig(min_replicas=1, max_replicas=2)
     configs = _configs(schedule)
-    cluster = SamplingCluster(spec, RayConfig(replica_autoscaling=scaling)).start()
+    cluster = SamplingCluster(spec, RayConfig(replica_autoscaling=scaling))
     try:
         cluster.autoscaler.stop()
         assert cluster.add_replica() == 1
@@ -161,7 +161,7 @@ def test_a_restarted_coordinator_is_handed_the_replicas_added_since(ray_address)
 
     from actors.cluster import SamplingCluster
 
-    cluster = SamplingCluster(ToyEngineConfig(), RayConfig(replica_autoscaling=ReplicaAutoscalingConfig(max_replicas=2))).start()
+    cluster = SamplingCluster(ToyEngineConfig(), RayConfig(replica_autoscaling=ReplicaAutoscalingConfig(max_replicas=2)))
     try:
         cluster.autoscaler.stop()
         cluster.add_replica()
@@ -193,7 +193,7 @@ def test_replicas_added_to_a_sharded_pool_join_one_shard(ray_address):
     spec = ToyEngineConfig()
     settings = RayConfig(coordinator_shards=2, replica_autoscaling=ReplicaAutoscalingConfig(min_replicas=2, max_replicas=3))
     configs = _configs("rounds", num_blocks=1)
-    cluster = SamplingCluster(spec, settings).start()
+    cluster = SamplingCluster(spec, settings)
     try:
         cluster.autoscaler.stop()
         assert cluster.add_replica() == 2

@@ -61,7 +61,7 @@ def test_a_small_request_is_not_starved_by_a_large_one(ray_address):
     from presto_ray.ray_config import RayConfig
 
     settings = RayConfig(max_requests_per_call=8, batch_window_s=0.05)
-    cluster = SamplingCluster(ToyEngineConfig(call_latency_s=0.2), settings).start()
+    cluster = SamplingCluster(ToyEngineConfig(call_latency_s=0.2), settings)
     try:
         coordinator = cluster.coordinator
 

@@ -30,7 +30,7 @@ def toy_replicas(ray_address):
     """One toy engine replica (the toy_job engine) for the module; each test starts its own
     coordinator on it (SamplingCluster with `replicas=`), so no test sees another's figures."""
     _, config = toy_job()
-    cluster = SamplingCluster(config.engine, config.ray).start()
+    cluster = SamplingCluster(config.engine, config.ray)
     yield cluster.replicas
     cluster.shutdown()
 

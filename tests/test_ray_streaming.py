@@ -23,7 +23,7 @@ def streaming_replicas(ray_address):
     """One toy replica for the module (2 ms per token: streams overlap); each test starts its own
     coordinator on it, so no test sees another's figures."""
     _, config = streaming_job(token_latency_s=0.002)
-    cluster = SamplingCluster(config.engine, config.ray).start()
+    cluster = SamplingCluster(config.engine, config.ray)
     yield cluster.replicas
     cluster.shutdown()
 
