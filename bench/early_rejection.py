@@ -30,7 +30,7 @@ from presto_ray import __version__
 from presto_ray.config import SamplerConfig
 from presto_ray.driver import sample
 from presto_ray.early_rejection import RejectionBound
-from presto_ray.engines.base import Completion, Engine, EngineOutput, ProposalRequest
+from presto_ray.engines.base import Completion, Engine, EngineOutput, ProposalRequest, Tokenizer
 from presto_ray.job import JobConfig, encode_prompt, prompt_seed
 from presto_ray.keys import extension_seed, step_keys, try_seed
 from presto_ray.kernels import build_kernel
@@ -105,7 +105,7 @@ class RecordingEngine:
         return self.engine.eos_token_id
 
     @property
-    def tokenizer(self):
+    def tokenizer(self) -> Tokenizer:
         return self.engine.tokenizer
 
     def generate(self, requests: Sequence[ProposalRequest]) -> EngineOutput:

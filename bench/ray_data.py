@@ -26,6 +26,7 @@ import tempfile
 import time
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import yaml
 
@@ -35,10 +36,16 @@ from presto_ray.job import JobConfig
 from presto_ray.output import read_samples, write_json_atomic
 from presto_ray.prompts import PromptItem
 
+if TYPE_CHECKING:
+    import pyarrow
+
+    from actors.engine_replica import ReplicaHandle
+
 REPO = Path(__file__).resolve().parent.parent
+TOY_SAMPLER = {"block_size": 8, "num_blocks": 1, "mh_steps": 2, "prefetch_budget": 4, "seed": 7, "schedule": "rounds"}
 TOY = {
     "engine": {"kind": "toy", "vocab_size": 48, "logit_scale": 3.0, "eos_bias": -2.0},
-    "sampler": {"block_size": 8, "num_blocks": 1, "mh_steps": 2, "prefetch_budget": 4, "seed": 7, "schedule": "rounds"},
+    "sampler": TOY_SAMPLER,
     "chains_per_prompt": 2,
     "max_active_chains": 256,
 }
@@ -82,11 +89,13 @@ def _write_jsonl(path: Path, items: list[PromptItem]) -> Path:
     return path
 
 
-def _pairs(table) -> dict:
+def _pairs(table: pyarrow.Table) -> dict:
     return {(r["prompt_id"], r["chain"]): r["token_ids"] for r in table.to_pylist()}
 
 
-def measure(workload: str, items: list[PromptItem], config: JobConfig, replicas, work: Path, check: bool) -> dict:
+def measure(
+    workload: str, items: list[PromptItem], config: JobConfig, replicas: list[ReplicaHandle], work: Path, check: bool
+) -> dict:
     """The Ray Data job on `items` and running `replicas`; with `check`, its samples against the
     in-process driver's for the same seeds."""
     from deployments.data_job import run_data_job
@@ -105,7 +114,7 @@ def measure(workload: str, items: list[PromptItem], config: JobConfig, replicas,
                 engine_calls=data.engine.calls, same_samples=same)  # fmt: skip
 
 
-def _run_workload(workload: str, items, config: JobConfig, work: Path, check: bool) -> dict:
+def _run_workload(workload: str, items: list[PromptItem], config: JobConfig, work: Path, check: bool) -> dict:
     from actors.cluster import SamplingCluster
 
     with SamplingCluster(config.engine, config.ray) as cluster:  # replicas started once, not timed
@@ -125,7 +134,7 @@ sys.exit(code)
 
 def driver_rss(prompts: int, work: Path, address: str) -> dict:
     """`sample --ray` on `prompts` tiny toy prompts as its own driver process: wall time and RSS."""
-    config = {**TOY, "sampler": {**TOY["sampler"], "block_size": 2, "mh_steps": 1}, "chains_per_prompt": 1, "max_active_chains": 512}
+    config = {**TOY, "sampler": {**TOY_SAMPLER, "block_size": 2, "mh_steps": 1}, "chains_per_prompt": 1, "max_active_chains": 512}
     config_path = work / "rss.yaml"
     config_path.write_text(yaml.safe_dump(config))
     path = _write_jsonl(work / f"rss{prompts}.jsonl", _items([f"question {i}?" for i in range(prompts)]))

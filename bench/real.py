@@ -25,10 +25,12 @@ from bench.table import Columns, format_table
 from presto_ray import __version__
 from presto_ray.config import SamplerConfig
 from presto_ray.driver import sample_many
+from presto_ray.engines.base import CallAccounting
 from presto_ray.engines.vllm import VLLMEngine, VLLMEngineConfig
 from presto_ray.job import encode_prompt
 from presto_ray.output import write_json_atomic
 from presto_ray.prompts import read_prompts
+from presto_ray.results import SampleResult
 
 COLUMNS: Columns = [
     ("sampler", "sampler", "{}"),
@@ -55,6 +57,8 @@ COLUMNS: Columns = [
 
 Run = tuple[str, str, int, str]  # (sampler, traversal, prefetch budget, schedule)
 SERIAL: Run = ("power_mh", "serial", 1, "rounds")
+# One prompt's run: its result, what the engine spent, wall-clock seconds, the peak KV-cache share (or None)
+Measured = tuple[SampleResult, CallAccounting, float, float | None]
 EarlyRejection = Literal["both", "on", "off"]
 EARLY_REJECTION: dict[str, tuple[bool, ...]] = {"both": (False, True), "on": (True,), "off": (False,)}
 
@@ -159,7 +163,7 @@ def run_real_bench(
     try:
         prompts = [encode_prompt(engine.tokenizer, item) for item in items]
         base = SamplerConfig(block_size=block_size, mh_steps=mh_steps, num_blocks=1)
-        per_run: dict[tuple[Run, bool], list] = {(run, on): [] for run in runs for on in settings}
+        per_run: dict[tuple[Run, bool], list[Measured]] = {(run, on): [] for run in runs for on in settings}
         if prompts:  # untimed: the engine's first steps are slow, and the first timed run is the baseline
             sample_many(engine, [prompts[0]], [base.model_copy(update={"block_size": 8, "mh_steps": 1, "seed": seed + 10_000})])
         for p, item in enumerate(items):
@@ -230,23 +234,31 @@ def _kv_cache_blocks(engine: Any) -> int | None:
         return None
 
 
-def _row(run: Run, on: bool, runs: list, serial: list | None, baseline: list | None, baseline_is_off: bool, other: list | None) -> dict:
+def _row(
+    run: Run,
+    on: bool,
+    runs: list[Measured],
+    serial: list[Measured] | None,
+    baseline: list[Measured] | None,
+    baseline_is_off: bool,
+    other: list[Measured] | None,
+) -> dict:
     """One row: `serial` is serial with the same early-rejection setting, `baseline` serial without
     it (the common baseline; serial on where off did not run), `other` this run with the other
     setting (None where only one ran)."""
     sampler, traversal, budget, schedule = run
     n = len(runs)
 
-    def stat(of, field):
+    def stat(of: list[Measured], field: str) -> float:
         return sum(getattr(result.stats, field) for result, *_ in of)
 
-    def engine(of, field):
+    def engine(of: list[Measured], field: str) -> float:
         return sum(getattr(accounting, field) for _, accounting, *_ in of)
 
-    def wall_of(of):
+    def wall_of(of: list[Measured]) -> float:
         return sum(entry[2] for entry in of)
 
-    def same(a, b):
+    def same(a: list[Measured], b: list[Measured]) -> bool:
         return all(x[0].token_ids == y[0].token_ids for x, y in zip(a, b))
 
     wall = wall_of(runs)

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
+from pathlib import Path
+from typing import TypedDict
 
 from bench.table import Columns, format_table
 from presto_ray import __version__
@@ -14,8 +15,18 @@ from presto_ray.engines.toy import ToyEngine
 from presto_ray.output import write_json_atomic
 from presto_ray.results import SampleResult
 
+
+
+class ToyEngineSettings(TypedDict):
+    vocab_size: int
+    eos_token_id: int
+    seed: int
+    logit_scale: float
+    eos_bias: float
+
+
 # A peaked, LLM-like toy model: most MH decisions land near 0 or 1.
-TOY_ENGINE = {"vocab_size": 64, "eos_token_id": 0, "seed": 1, "logit_scale": 4.0, "eos_bias": -3.0}
+TOY_ENGINE: ToyEngineSettings = {"vocab_size": 64, "eos_token_id": 0, "seed": 1, "logit_scale": 4.0, "eos_bias": -3.0}
 
 COLUMNS: Columns = [
     ("sampler", "sampler", "{}"),
@@ -81,7 +92,7 @@ def run_toy_bench(
     mh_steps: int = 100,
     block_size: int = 64,
     seed: int = 0,
-    out_json: str | os.PathLike | None = None,
+    out_json: str | Path | None = None,
     progress: Callable[[str], None] | None = None,
     predictive_gains: Sequence[float] = (0.0, 0.1),
     variant_budgets: Sequence[int] = (8, 20),

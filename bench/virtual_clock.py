@@ -11,7 +11,7 @@ T steps, so `latency_vs_plain` = decode steps / T.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from bench.plots import save_figure
@@ -20,7 +20,9 @@ from presto_ray.chain import Chain
 from presto_ray.config import SamplerConfig
 from presto_ray.driver import run_chain
 from presto_ray.engines import ToyEngineConfig
+from presto_ray.engines.virtual_clock import ClockStats, VirtualClockEngine
 from presto_ray.output import write_json_atomic
+from presto_ray.results import SampleResult
 
 HORIZON = 96
 # Peaked like an LLM (most MH edges certain). Fixed length: EOS is an ordinary token. With EOS,
@@ -60,14 +62,18 @@ COLUMNS: Columns = [
 ]
 
 
-def _run(spec: ToyEngineConfig, config: SamplerConfig, prompt: list[int]) -> tuple[Chain, object]:
-    engine = spec.build().streaming()  # step_cost 1, b = 0, unlimited: a GPU whose batch is free
+# One chain's run: the chain after its last step, and its device's clock.
+ChainRun = tuple[Chain, ClockStats]
+
+
+def _run(spec: ToyEngineConfig, config: SamplerConfig, prompt: list[int]) -> ChainRun:
+    engine = VirtualClockEngine(spec.build())  # step_cost 1, b = 0, unlimited: a GPU whose batch is free
     chain = Chain(prompt, config, engine.eos_token_id)
     run_chain(engine, chain)
     return chain, engine.clock
 
 
-def _row(schedule: str, config: SamplerConfig, runs: list, serial: list) -> dict:
+def _row(schedule: str, config: SamplerConfig, runs: list[ChainRun], serial: list[ChainRun]) -> dict:
     n = len(runs)
     steps = sum(clock.decode_steps for _, clock in runs) / n
     tokens = sum(clock.generated_tokens for _, clock in runs) / n
@@ -99,9 +105,11 @@ def _row(schedule: str, config: SamplerConfig, runs: list, serial: list) -> dict
     } | _techniques(config)
 
 
-def _chains_and_serial(spec: ToyEngineConfig, mh_steps: int, fixed_length: bool, chains: int):
+def _chains_and_serial(
+    spec: ToyEngineConfig, mh_steps: int, fixed_length: bool, chains: int
+) -> tuple[SamplerConfig, list[list[int]], list[SamplerConfig], list[ChainRun]]:
     """The base config, each chain's prompt and seeded config, and the serial runs they compare
-    with: the serial chain as it was before any exact technique, without early rejection."""
+    with: the serial chain with no exact technique beyond it (early rejection off)."""
     base = SamplerConfig(block_size=HORIZON, mh_steps=mh_steps, fixed_length=fixed_length, traversal="predictive")
     prompts = [[5, 6, 7 + c] for c in range(chains)]
     configs = [base.model_copy(update={"seed": c}) for c in range(chains)]
@@ -111,8 +119,8 @@ def _chains_and_serial(spec: ToyEngineConfig, mh_steps: int, fixed_length: bool,
 
 def run_virtual_clock_bench(
     *,
-    budgets=(8, 20),
-    mh_steps=(10, 24, 100),
+    budgets: Sequence[int] = (8, 20),
+    mh_steps: Sequence[int] = (10, 24, 100),
     chains: int = 6,
     out_json: str | Path | None = None,
     progress: Callable[[str], None] = print,
@@ -166,7 +174,7 @@ LATENCY_COLUMNS: Columns = [
 
 
 def run_latency_bench(
-    *, mh_steps: int = 10, settings=LATENCY_SETTINGS, chains: int = 6,
+    *, mh_steps: int = 10, settings: Sequence[tuple[int, float | None]] = LATENCY_SETTINGS, chains: int = 6,
     out_json: str | Path | None = None, progress: Callable[[str], None] = print,
 ) -> list[dict]:
     """Streaming's latency relative to plain decoding (decode steps / T) at K = `mh_steps`, beside
@@ -282,15 +290,18 @@ def _saturation(device: dict) -> float | int | str:
 
 def _load_run(device: dict, config: SamplerConfig, chains: int) -> dict:
     from presto_ray.driver import sample_many
-    from presto_ray.engines.virtual_clock import VirtualClockEngine
 
     engine = VirtualClockEngine(ENGINES[config.fixed_length].build(), **device)
     finished_at: dict[int, float] = {}
+
+    def finished(i: int, _: SampleResult) -> None:
+        finished_at.setdefault(i, engine.clock.time)
+
     results, _ = sample_many(
         engine,
         [[5, 6, 1 + c % 60, 1 + c // 60] for c in range(chains)],
         [config.model_copy(update={"seed": c}) for c in range(chains)],
-        on_result=lambda i, _: finished_at.setdefault(i, engine.clock.time),
+        on_result=finished,
     )
     return {
         "time": engine.clock.time,
