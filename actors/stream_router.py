@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Hashable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
+from ray import ObjectRef
 from ray.exceptions import RayActorError
 
 from actors.background_tasks import BackgroundTasks
@@ -21,6 +22,9 @@ from actors.coordinator_commands import AbortStreams, BoundStreams, Command, Pol
 from actors.coordinator_core import CoordinatorCore
 from actors.metrics import CoordinatorMetrics
 from actors.stream_protocol import ChainActions, ChainUpdate
+
+if TYPE_CHECKING:
+    from actors.engine_replica import ReplicaHandle
 
 # A replica's stream_events returns after this long even when nothing happened (idle polls are cheap).
 POLL_TIMEOUT_S = 1.0
@@ -37,7 +41,7 @@ class StreamRouter:
     def __init__(
         self,
         core: CoordinatorCore,
-        replica: Callable[[int], Any],
+        replica: Callable[[int], ReplicaHandle],
         tasks: BackgroundTasks,
         metrics: CoordinatorMetrics,
         carry_out: Callable[[Sequence[Command]], None],
@@ -105,7 +109,7 @@ class StreamRouter:
             return
         self._metrics.streams.record_starts(len(command.starts))
 
-    def _fire(self, reference: Any) -> None:
+    def _fire(self, reference: ObjectRef[None]) -> None:
         """Send without waiting: a lost replica shows up in its poller, which re-sends its streams."""
 
         async def send() -> None:

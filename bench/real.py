@@ -25,7 +25,7 @@ from bench.table import Columns, format_table
 from presto_ray import __version__
 from presto_ray.config import SamplerConfig
 from presto_ray.driver import sample_many
-from presto_ray.engines.base import CallAccounting
+from presto_ray.engines.base import CallAccounting, Engine
 from presto_ray.engines.vllm import VLLMEngine, VLLMEngineConfig
 from presto_ray.job import encode_prompt
 from presto_ray.output import write_json_atomic
@@ -146,7 +146,7 @@ def run_real_bench(
     progress: Callable[[str], None] | None = None,
     early_rejection: EarlyRejection = "both",
     num_prompts: int | None = None,
-    engine: Any = None,
+    engine: Engine | None = None,
 ) -> dict:
     """Each run is (sampler, traversal, budget, schedule); by default `default_runs(budgets)`. Every
     run goes with early rejection off and on (`early_rejection` "both"), or one of them. `engine`:
