@@ -257,3 +257,15 @@ def test_the_python_guards_cover_posix_and_io(tmp_path):
     # the standard library still works inside the folder (tempfile writes, renames and unlinks there)
     inside = "import os, random, tempfile\nfd, path = tempfile.mkstemp()\nos.rename(path, 'x')\nos.unlink('x')\nrandom.random()\n"
     assert run_program(inside, limits).correct
+
+
+def test_without_namespaces_the_fallback_still_grades(monkeypatch):
+    """Where no namespace can be made (a container without CAP_SYS_ADMIN: unshare fails), samples
+    still run: as their own uid where the interpreter is reachable by other users, else guarded."""
+    from presto_ray.tasks import code
+
+    monkeypatch.setattr(code, "_HARNESS", code._HARNESS.replace("if libc.unshare(flags) == 0:", "if False:"))
+    result, report = code._run("import os\nraise Exception(os.getpid() != 1)\n", LIMITS)
+    assert report["held"] == [] and result.detail == "Exception: True", (result, report)
+    assert grade(PROBLEM, "    return sum(xs)\n", LIMITS).correct
+    assert not grade(PROBLEM, "    return 0\n\nimport os\nos._exit(0)\n", LIMITS).correct

@@ -162,6 +162,7 @@ def closed(path):
 if uid is not None and "mount" not in held and any(closed(p) for p in paths + [os.path.dirname(folder)]):
     uid = None  # another user could not import the standard library: the fallback
 os.umask(0o022)
+parent = os.getpid()
 pid = os.fork()
 if pid == 0:  # the sample's process (process 1 of its PID namespace where one was made)
     os.close(STATUS)
@@ -219,7 +220,7 @@ if pid == 0:  # the sample's process (process 1 of its PID namespace where one w
                 raise OSError("the sample's uid and gid did not take")
         call(libc.prctl(38, 1, 0, 0, 0), "no new privileges")  # PR_SET_NO_NEW_PRIVS
         call(libc.prctl(1, signal.SIGKILL, 0, 0, 0), "parent-death signal")  # PR_SET_PDEATHSIG, after setuid
-        if "pid" not in held and os.getppid() != config["harness"]:
+        if "pid" not in held and os.getppid() != parent:
             os._exit(9)  # the harness is gone already
     except BaseException as e:
         os.write(VERDICT, b"setup: " + str(e).encode()[:500])
