@@ -36,6 +36,7 @@ EXIT_ZERO = {
     "atexit os._exit(0)": "    return 0\n\nimport atexit, os\natexit.register(lambda: os._exit(0))\n",
     "fenced raise SystemExit(0)": "```python\ndef add(xs):\n    raise SystemExit(0)\n```\n",
     "SystemExit in a finally": "    try:\n        return 0\n    finally:\n        raise SystemExit(0)\n",
+    "a reassuring line, then exit 0": "    return 0\n\nimport sys\nprint('3 tests passed', file=sys.stderr)\nsys.exit()\n",
 }
 
 
@@ -43,6 +44,7 @@ EXIT_ZERO = {
 def test_ending_the_process_with_status_0_is_not_a_pass(completion):
     result = grade(PROBLEM, completion, LIMITS)
     assert not result.correct and result.status == "failed", result
+    assert result.detail.startswith("exited with status 0 before its tests ran to their end"), result
 
 
 # writes whatever it can read from any descriptor (a nonce pipe left open) to every descriptor

@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import re
 import secrets
 import select
@@ -123,7 +122,8 @@ def program(problem: Problem, completion: str) -> str:
     return f"{head}\n{body}\n\n{test}\n\ncheck({entry_point})\n"
 
 
-# Runs as `python -I harness.py CONFIG` in the sample's folder (see the module's docstring).
+# Runs as `python -I -S harness.py CONFIG` in the sample's folder, as the grader's user: the
+# namespaces, then the sample's process (forked), then its timeout (see the module's docstring).
 _HARNESS = r'''
 import builtins, json, os, sys
 config = json.loads(sys.argv[1])
@@ -180,7 +180,7 @@ if pid == 0:  # the sample's process (process 1 of its PID namespace where one w
         if "mount" in held:
             mount(None, "/", None, REC | PRIVATE)  # nothing below propagates to the grader's mounts
             shared = [d for d in ("/tmp", "/var/tmp", "/dev/shm", "/run/lock") if os.path.isdir(d) and not os.path.islink(d)]
-            covers = sorted(set(shared) | {c for c in map(closed, paths) if c})
+            covers = sorted(set(shared) | {c for c in map(closed, paths + [os.path.dirname(folder)]) if c})
             covers = [c for c in covers if not any(c.startswith(o + "/") for o in covers)]
             under = lambda p, c: p == c or p.startswith(c + "/")
             kept = [p for p in paths if any(under(p, c) for c in covers)]
@@ -372,7 +372,7 @@ def _sample_uid() -> int:
     except (OSError, ValueError):
         ranges = []
     if any(inner <= SAMPLE_UIDS.start and SAMPLE_UIDS.stop <= inner + count for inner, _, count in ranges):
-        return random.choice(SAMPLE_UIDS)
+        return SAMPLE_UIDS.start + secrets.randbelow(len(SAMPLE_UIDS))  # not `random`: the caller's seed stays untouched
     return 65534
 
 
@@ -422,7 +422,9 @@ def _run(source: str, limits: Limits) -> tuple[Grade, dict]:
                     for fd in (nonce_r, verdict_w, status_w):
                         os.close(fd)
                 try:  # the harness enforces the timeout and reports (or dies: EOF); this is the backstop
-                    select.select([status_r], [], [], limits.timeout_s + 10)
+                    waiting = select.poll()
+                    waiting.register(status_r, select.POLLIN)
+                    waiting.poll((limits.timeout_s + 10) * 1000)
                 finally:
                     try:  # its session: the sample too, where it stayed in it (else its parent-death signal)
                         os.killpg(harness.pid, signal.SIGKILL)
@@ -448,10 +450,11 @@ def _run(source: str, limits: Limits) -> tuple[Grade, dict]:
         return Grade(False, ERROR, None, f"the sandbox could not be set up: {verdict[7:].decode('utf-8', 'replace')}"), report
     if report["timeout"] or report.get("signal") in (signal.SIGXCPU, signal.SIGKILL):
         return Grade(False, TIMEOUT, None, f"killed after {wall:.1f} s"), report
-    if tail:
+    if tail and report.get("exit") != 0:
         return Grade(False, FAILED, None, tail[-1][:300]), report
     ended = f"killed by signal {report['signal']}" if "signal" in report else f"exited with status {report['exit']}"
-    return Grade(False, FAILED, None, f"{ended} before its tests ran to their end"), report
+    said = f"; its last line on stderr: {tail[-1][:200]}" if tail else ""
+    return Grade(False, FAILED, None, f"{ended} before its tests ran to their end{said}"), report
 
 
 def run_program(source: str, limits: Limits = Limits()) -> Grade:
