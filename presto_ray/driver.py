@@ -33,7 +33,7 @@ def sample_many(
         raise ValueError("one config per prompt")
     schedules = {c.schedule for c in configs}
     if schedules == {"streaming"}:
-        return _sample_streaming(engine, prompts, configs, kernel_factory, on_result)
+        return _sample_streaming(engine, prompts, configs, max_active_chains, kernel_factory, on_result)
     if len(schedules) > 1:
         raise ValueError("one schedule per call: the chains of a call share either rounds or a stream")
     limit = max_active_chains or len(prompts)
@@ -78,10 +78,12 @@ def _sample_streaming(
     engine: Engine,
     prompts: Sequence[Sequence[int]],
     configs: Sequence[SamplerConfig],
+    max_active_chains: int | None,
     kernel_factory: Callable[[SamplerConfig], PowerMHKernel] | None,
     on_result: Callable[[int, SampleResult], None] | None,
 ) -> tuple[list[SampleResult], CallAccounting]:
-    """Every chain streams on the engine's streaming form (docs/streaming.md)."""
+    """Every chain streams on the engine's streaming form (docs/streaming.md), at most
+    `max_active_chains` at once, so that results land as chains finish, not all at the end."""
     stream = engine.streaming()
     started = time.perf_counter()
     chains = [
@@ -89,13 +91,17 @@ def _sample_streaming(
         for p, c in zip(prompts, configs)
     ]
     results: list[SampleResult | None] = [None] * len(chains)
+    chain_started = [started] * len(chains)
+
+    def on_started(i: int) -> None:
+        chain_started[i] = time.perf_counter()
 
     def finished(i: int) -> None:
-        result = results[i] = chains[i].result(time.perf_counter() - started)
+        result = results[i] = chains[i].result(time.perf_counter() - chain_started[i])
         if on_result:
             on_result(i, result)
 
-    run_streaming(stream, chains, finished)
+    run_streaming(stream, chains, finished, max_active_chains=max_active_chains, on_started=on_started)
     accounting = stream.accounting()
     accounting.wall_time_s = time.perf_counter() - started  # no calls to time: the whole stream
     return _all_finished(results), accounting

@@ -8,6 +8,7 @@ presto_ray/speculation.py's.
 
 from __future__ import annotations
 
+from collections import deque
 from typing import Callable, Sequence
 
 from presto_ray.chain import Chain, ProposalKey
@@ -17,13 +18,30 @@ from presto_ray.speculation import streaming_budget
 
 
 def run_streaming(
-    engine: StreamingEngine, chains: Sequence[Chain], on_finished: Callable[[int], None] | None = None
+    engine: StreamingEngine,
+    chains: Sequence[Chain],
+    on_finished: Callable[[int], None] | None = None,
+    *,
+    max_active_chains: int | None = None,
+    on_started: Callable[[int], None] | None = None,
 ) -> None:
-    """Drive every chain to the end; `on_finished(i)` is called as chain i finishes."""
+    """Drive every chain to the end, at most `max_active_chains` at once (None: all), in input
+    order; `on_started(i)` / `on_finished(i)` are called as chain i starts and finishes."""
+    limit = max_active_chains or max(1, len(chains))
     streams = [ChainStream(chain) for chain in chains]
     handles: dict[tuple[int, ProposalKey], int] = {}
     owners: dict[int, tuple[int, ProposalKey]] = {}
-    active = len(chains)  # chains not finished: they share the device's free batch
+    waiting = deque(range(len(chains)))  # chains not started yet
+    active = 0  # chains started and not finished: they share the device's free batch
+
+    def start_waiting() -> None:
+        nonlocal active
+        while waiting and active < limit:
+            i = waiting.popleft()
+            active += 1
+            if on_started is not None:
+                on_started(i)
+            step(i)
 
     def carry_out(i: int, actions: StreamActions) -> None:
         nonlocal active
@@ -48,8 +66,7 @@ def run_streaming(
         budget = streaming_budget(chains[i].config.prefetch_budget, active, engine.free_batch)
         carry_out(i, streams[i].step(events, budget))
 
-    for i in range(len(chains)):
-        step(i)
+    start_waiting()
     while engine.busy:
         for event in engine.advance():
             owner = owners.get(event.handle)
@@ -59,6 +76,7 @@ def run_streaming(
             if event.completion is not None:
                 del handles[owner], owners[event.handle]
             step(i, [_chain_event(engine, key, event)])
+        start_waiting()  # in the place of the chains that finished
     unfinished = [i for i, chain in enumerate(chains) if not chain.done]
     if unfinished:
         raise RuntimeError(f"the engine went idle with chains {unfinished[:5]} unfinished")
