@@ -50,9 +50,19 @@ def test_one_setting_only(prompts):
     assert len(rows) == 3 and all(r["early_rejection"] for r in rows) and report["config"]["prompts"] == ["a"]
     assert all(r["speedup_vs_serial_off"] is None and r["same_on_off"] is None for r in rows)  # no baseline off
     assert rows[0]["speedup_vs_serial"] == 1.0 and all(r["same_as_serial"] for r in rows)
-    assert "-" in format_report(report)
+    header, _rule, *body = format_report(report).splitlines()
+    table = [dict(zip(_cells(header), _cells(line))) for line in body]
+    assert len(table) == 3
+    for row in table:  # a figure without its baseline (serial off) or its gauge (the toy has no KV pool) is "-"
+        assert row["tok vs serial off"] == "-" and row["peak KV"] == "-", row
+        assert float(row["req/sample"]) > 0 and row["same as serial"] == "True", row
     with pytest.raises(ValueError, match="early_rejection"):
         run_real_bench(prompts, engine=ToyEngine(**PEAKED), early_rejection="yes")  # type: ignore[arg-type]
+
+
+def _cells(line: str) -> list[str]:
+    """A Markdown table line's cells."""
+    return [cell.strip() for cell in line.strip().strip("|").split("|")]
 
 
 def test_the_kv_peak_reads_every_value_of_vllms_gauge():

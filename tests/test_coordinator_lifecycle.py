@@ -4,27 +4,16 @@ every later round to the batch window, so these run on a real local Ray cluster 
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from presto_ray.engines.base import ProposalRequest
+from waiting import wait_for
 
 pytest.importorskip("ray")
 
 
 def _requests(prompt, n):
     return [ProposalRequest(prompt, (), 2, 1.0, seed=k) for k in range(n)]
-
-
-def _wait_for(predicate, timeout_s: float = 10.0):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    return predicate()
 
 
 @pytest.fixture(scope="module")
@@ -63,13 +52,13 @@ def test_a_cancelled_driver_leaves_no_active_chain(slow_cluster, schedule):
     before = slow_cluster.snapshot().counters
     driver = Driver.remote(coordinator)
     run = driver.run.remote(("cancelled", schedule), schedule)
-    assert _wait_for(lambda: slow_cluster.snapshot().chains_active == 1), "the chain never became active"
+    wait_for(lambda: slow_cluster.snapshot().chains_active == 1, 10, "the chain active")
     ray.cancel(run)
     with pytest.raises((ray.exceptions.TaskCancelledError, ray.exceptions.RayTaskError)):
         ray.get(run, timeout=30)
     # the cancellation itself ended the chain, not the silent-chain expiry (chains_expired below);
     # the rule is tested exactly on the books (tests/test_call_book.py); this is a smoke bound
-    assert _wait_for(lambda: slow_cluster.snapshot().chains_active == 0, timeout_s=10.0)
+    wait_for(lambda: slow_cluster.snapshot().chains_active == 0, 10, "no active chain once the driver was cancelled")
     after = slow_cluster.snapshot().counters
     assert after.chains_finished - before.chains_finished == 1
     assert after.chains_expired == before.chains_expired
@@ -83,9 +72,9 @@ def test_a_cancelled_submit_ends_its_chain(slow_cluster):
     coordinator = slow_cluster.coordinator
     before = slow_cluster.snapshot().counters
     call = coordinator.submit.remote(("gone", 0), _requests((1, 2), 3))
-    assert _wait_for(lambda: slow_cluster.snapshot().chains_active == 1)
+    wait_for(lambda: slow_cluster.snapshot().chains_active == 1, 10, "the submitting chain active")
     ray.cancel(call)
-    assert _wait_for(lambda: slow_cluster.snapshot().chains_active == 0, timeout_s=10.0)
+    wait_for(lambda: slow_cluster.snapshot().chains_active == 0, 10, "no active chain once its submit was cancelled")
     assert slow_cluster.snapshot().counters.chains_abandoned - before.chains_abandoned == 1
     # a late submit of the cancelled chain is still answered, but does not make it active again
     assert len(ray.get(coordinator.submit.remote(("gone", 0), _requests((1, 2), 1)), timeout=30)) == 1
@@ -101,11 +90,11 @@ def test_a_silent_chain_stops_holding_rounds_back(slow_cluster):
     before = slow_cluster.snapshot().counters
     ray.get(coordinator.register_chains.remote([("silent", 0)]))
     assert slow_cluster.snapshot().chains_active == 1
-    assert _wait_for(lambda: slow_cluster.snapshot().chains_active == 0, timeout_s=5.0)
+    wait_for(lambda: slow_cluster.snapshot().chains_active == 0, 5, "the silent chain expired")
     assert slow_cluster.snapshot().counters.chains_expired - before.chains_expired == 1
     # a chain waiting on a call is never expired, however long the call takes (1 s here)
     call = coordinator.submit.remote(("silent", 0), _requests((3, 4), 2))
-    assert _wait_for(lambda: slow_cluster.snapshot().chains_active == 1)
+    wait_for(lambda: slow_cluster.snapshot().chains_active == 1, 10, "the chain active again once it calls")
     assert len(ray.get(call, timeout=30)) == 2
     ray.get(coordinator.chain_finished.remote(("silent", 0)))
     assert slow_cluster.snapshot().counters.chains_expired - before.chains_expired == 1

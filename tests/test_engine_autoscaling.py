@@ -9,12 +9,14 @@ import threading
 import time
 
 import pytest
+from pydantic import ValidationError
 
 from actors.autoscaling_policy import ReplicaScalingPolicy, desired_replicas
 from presto_ray import SamplerConfig, sample
-from presto_ray.config import ConfigFieldError
+from presto_ray.config import error_field, error_text
 from presto_ray.engines import ToyEngineConfig
 from presto_ray.ray_config import RayConfig, ReplicaAutoscalingConfig
+from waiting import wait_for
 
 SCALING = ReplicaAutoscalingConfig(min_replicas=1, max_replicas=3, target_ongoing_requests=10, upscale_delay_s=2, downscale_delay_s=5)
 
@@ -36,15 +38,33 @@ def test_the_rule_waits_its_delays_and_restarts_them_when_the_load_turns():
     assert policy.decide(10.1, 2, 15) == 2
 
 
-def test_settings_refuse_what_autoscaling_cannot_do():
-    with pytest.raises(ValueError, match="max_replicas"):
-        ReplicaAutoscalingConfig(min_replicas=3, max_replicas=2)
-    with pytest.raises(ValueError, match="coordinator_shards"):
-        RayConfig(replica_autoscaling=SCALING, coordinator_shards=2)
-    with pytest.raises(ValueError, match="placement_strategy"):
-        RayConfig(replica_autoscaling=SCALING, placement_strategy="PACK")
+@pytest.mark.parametrize(
+    "build, field, message",
+    [
+        (lambda: ReplicaAutoscalingConfig(min_replicas=3, max_replicas=2), "max_replicas", "max_replicas (2) is below min_replicas (3)"),
+        (
+            lambda: RayConfig(replica_autoscaling=SCALING, coordinator_shards=2),
+            "replica_autoscaling.min_replicas",
+            "replica_autoscaling.min_replicas (1) must be at least coordinator_shards (2)",
+        ),
+        (
+            lambda: RayConfig(replica_autoscaling=SCALING, placement_strategy="PACK"),
+            "placement_strategy",
+            "replica_autoscaling cannot be combined with placement_strategy",
+        ),
+    ],
+    ids=["bounds", "shards", "placement"],
+)
+def test_settings_refuse_what_autoscaling_cannot_do_naming_the_field(build, field, message):
+    """One error, naming the field to change (what the CLI and HTTP messages print)."""
+    with pytest.raises(ValidationError) as refused:
+        build()
+    (error,) = refused.value.errors()
+    assert error_field(error) == field and error_text(error).startswith(message), error
+
+
+def test_autoscaling_starts_with_min_replicas():
     assert RayConfig(replica_autoscaling=SCALING, num_replicas=5).initial_replicas == 1
-    assert issubclass(ConfigFieldError, ValueError)
 
 
 # --- on a real local Ray cluster ------------------------------------------------------------------
@@ -80,15 +100,6 @@ def _in_process(spec, configs):
     return [sample(engine, PROMPTS[k % len(PROMPTS)], c).token_ids for k, c in enumerate(configs)]
 
 
-def _wait_for(predicate, timeout_s: float):
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
-
-
 def test_the_pool_grows_under_load_and_shrinks_when_idle(ray_address):
     """min 1, max 2, 4 requests per replica: chains' rounds start a second replica, which takes
     calls; once idle it is retired and stopped (not counted as a failure). Same samples."""
@@ -107,12 +118,12 @@ def test_the_pool_grows_under_load_and_shrinks_when_idle(ray_address):
         out: dict = {}
         runner = threading.Thread(target=_run_chains, args=(cluster, configs, out))
         runner.start()
-        assert _wait_for(lambda: cluster.active_replicas == [0, 1], 30), "no replica was added under load"
+        wait_for(lambda: cluster.active_replicas == [0, 1], 30, "a replica added under load")
         runner.join(timeout=120)
         assert [r.token_ids for r in out["results"]] == _in_process(spec, configs)
         snapshot = cluster.snapshot()
         assert snapshot.calls_per_replica[1] > 0, snapshot.calls_per_replica
-        assert _wait_for(lambda: cluster.stopped == {1}, 30), "the idle replica was not stopped"
+        wait_for(lambda: cluster.stopped == {1}, 30, "the idle replica stopped")
         assert cluster.autoscaler.started_replicas == [1] and cluster.autoscaler.stopped_replicas == [1]
         with pytest.raises(ray.exceptions.RayActorError):
             ray.get(cluster.replicas[1].ready.remote(), timeout=30)
@@ -140,7 +151,7 @@ def test_a_replica_retired_mid_run_finishes_its_work_and_changes_no_sample(ray_a
         runner = threading.Thread(target=_run_chains, args=(cluster, configs, out))
         runner.start()
         busy = lambda: cluster.snapshot().inflight_requests_per_replica[1] or cluster.snapshot().streams_running  # noqa: E731
-        assert _wait_for(busy, 30), "the added replica never got work"
+        wait_for(busy, 30, "work on the added replica")
         at_retirement = cluster.snapshot()
         assert cluster.retire_replica() == 1
         assert cluster.active_replicas == [0]
@@ -150,7 +161,7 @@ def test_a_replica_retired_mid_run_finishes_its_work_and_changes_no_sample(ray_a
         # no call started on it after its retirement (calls are counted when they end)
         limit = at_retirement.calls_per_replica[1] + at_retirement.inflight_calls_per_replica[1]
         assert cluster.snapshot().calls_per_replica[1] <= limit
-        assert _wait_for(lambda: cluster.stop_drained() == [1] or cluster.stopped == {1}, 30)
+        wait_for(lambda: cluster.stop_drained() == [1] or cluster.stopped == {1}, 30, "the retired replica stopped once drained")
         assert cluster.snapshot().counters.replica_failures == 0
     finally:
         cluster.shutdown()
@@ -168,7 +179,7 @@ def test_a_restarted_coordinator_is_handed_the_replicas_added_since(ray_address)
         assert cluster.snapshot().active_replicas == 2
         ray.kill(cluster.coordinator, no_restart=False)
         # Ray restarts it with the replicas it was started with
-        assert _wait_for(lambda: _active_replicas(cluster) == 1, 60), "the coordinator did not come back"
+        wait_for(lambda: _active_replicas(cluster) == 1, 60, "the coordinator back with the replicas it was started with")
         assert cluster.autoscaler.step(time.monotonic()) == 2
         assert cluster.snapshot().active_replicas == 2
         results = {}
