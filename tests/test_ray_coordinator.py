@@ -6,8 +6,6 @@ failures under it: tests/test_ray_data.py.)"""
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 ray = pytest.importorskip("ray")
@@ -23,6 +21,7 @@ from ray_helpers import (  # noqa: E402
     with_engine,
     with_sampler,
 )
+from waiting import wait_for  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -85,34 +84,31 @@ def test_prompt_affinity_keeps_a_prompt_on_one_replica_in_a_placement_group(ray_
     assert stats.cached_token_share > 0.5
 
 
-def _busy_replica(cluster, schedule: str, deadline_s: float = 60.0) -> int:
+def _busy_replica(cluster, schedule: str, timeout_s: float = 60.0) -> int:
     """Index of a replica with a call (rounds) or a request (streaming) running on it now."""
-    deadline = time.monotonic() + deadline_s
-    while time.monotonic() < deadline:
+
+    def busy() -> list[int]:
         if schedule == "rounds":
             running = cluster.snapshot().inflight_calls_per_replica
         else:
             running = ray.get([replica.live_streams.remote() for replica in cluster.replicas])
-        busy = [i for i, n in enumerate(running) if n]
-        if busy:
-            return busy[0]
-        time.sleep(0.005)
-    raise AssertionError("no call or request was ever running on a replica")
+        return [i for i, n in enumerate(running) if n]
+
+    return wait_for(busy, timeout_s, "a call or request running on a replica", interval_s=0.005)[0]
 
 
-def _live_streams(replicas, deadline_s: float = 60.0) -> list[int]:
+def _live_streams(replicas, timeout_s: float = 60.0) -> list[int]:
     """Each replica's running requests, once the killed one is back (the job may end on the other
     replica while Ray is still restarting it)."""
     from ray.exceptions import ActorUnavailableError
 
-    deadline = time.monotonic() + deadline_s
-    while True:
+    def answered() -> list[int] | None:
         try:
             return ray.get([replica.live_streams.remote() for replica in replicas])
         except ActorUnavailableError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.1)
+            return None
+
+    return wait_for(answered, timeout_s, "every replica to answer (the killed one restarted)", interval_s=0.1)
 
 
 @pytest.mark.parametrize("schedule", ["rounds", "streaming"])
@@ -183,16 +179,19 @@ def test_coordinator_metrics_reach_the_prometheus_endpoint(toy_replicas):
                 and sum(samples["ray_presto_engine_requests_total"]) >= stats.accounting.num_requests
             )
 
-        deadline, samples = time.monotonic() + 90, {}
-        while time.monotonic() < deadline:  # the metrics agent exports every few seconds
+        samples: dict[str, list[float]] = {}
+
+        def exported() -> bool:
             lines = httpx.get(f"http://127.0.0.1:{port}/metrics").text.splitlines()
-            samples = {}
+            samples.clear()
             for line in (line for line in lines if line.startswith("ray_presto_")):
                 samples.setdefault(line.split("{")[0], []).append(float(line.rsplit(" ", 1)[1]))
-            if complete(samples):
-                break
-            time.sleep(1)
-        ray.kill(driver)
+            return complete(samples)
+
+        try:  # the metrics agent exports every few seconds; the chains' actor lives until it has
+            wait_for(exported, 90, f"the metrics agent to export {sorted(wanted)} up to the snapshot's figures", interval_s=1)
+        finally:
+            ray.kill(driver)
     assert wanted <= samples.keys(), sorted(samples)
     assert sum(samples["ray_presto_engine_calls_total"]) >= stats.accounting.calls > 0
     # streaming makes no calls, yet its requests and tokens are exported too (they were 0 before)
