@@ -11,7 +11,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -23,6 +22,7 @@ from presto_ray.process_watchdog import process_tree, start_time
 pytest.importorskip("ray.data")
 
 from ray_helpers import assert_same_samples, reference, toy_job, with_engine  # noqa: E402
+from waiting import wait_for  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.ray  # starts its own local Ray (no fixture to read the tier off)
@@ -54,21 +54,23 @@ def test_a_killed_ray_driver_keeps_its_finished_batches_and_leaves_no_ray_behind
 
     first = _cli(args)
     ray_processes: dict[int, int] = {}
-    deadline = time.monotonic() + 240
-    while len(_committed(out)) < 2 and time.monotonic() < deadline:  # a file per prompt (commit_pairs = 2 chains)
+
+    def two_committed() -> bool:  # a file per prompt (commit_pairs = 2 chains)
         assert first.poll() is None, first.stdout.read() if first.stdout else ""
         ray_processes.update(process_tree(first.pid))
-        time.sleep(0.05)
+        return len(_committed(out)) >= 2
+
+    wait_for(two_committed, 240, "two committed files")
     ray_processes.update(process_tree(first.pid))
     first.send_signal(signal.SIGKILL)
     first.wait()
     assert len(ray_processes) >= 3, ray_processes  # gcs, raylet, agents, workers
 
     # the killed driver's watchdog stops what is left of its Ray (the agents outlived it before)
-    deadline = time.monotonic() + 30
-    while (left := [p for p, t in ray_processes.items() if start_time(p) == t]) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not left, f"Ray processes outlived the killed driver: {left}"
+    wait_for(
+        lambda: not [p for p, t in ray_processes.items() if start_time(p) == t], 30,
+        f"the killed driver's Ray processes {sorted(ray_processes)} to be gone", interval_s=0.2,
+    )  # fmt: skip
     # counted once every process of the run is gone: until the watchdog stops them, the stage's
     # workers may still commit a batch (CI saw 4 counted at the kill and 6 committed)
     kept = {p: p.stat().st_mtime_ns for p in out.glob("*.parquet")}
@@ -105,10 +107,12 @@ def test_a_killed_in_process_job_resumes_from_its_part_files(tmp_path):
                "--out", str(out), "--quiet"]  # fmt: skip
 
     first = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    deadline = time.monotonic() + 240
-    while not list(parts.glob("part-*.parquet")) and time.monotonic() < deadline:
+
+    def a_part() -> bool:
         assert first.poll() is None, first.stdout.read() if first.stdout else ""
-        time.sleep(0.01)
+        return bool(list(parts.glob("part-*.parquet")))
+
+    wait_for(a_part, 240, "a part file", interval_s=0.01)
     first.send_signal(signal.SIGKILL)
     first.wait()
     assert not out.exists(), "the output file is written once, at the end"
