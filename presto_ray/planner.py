@@ -17,7 +17,7 @@ from presto_ray.early_rejection import RejectionBound
 from presto_ray.engines.base import ProposalRequest
 from presto_ray.kernels import EntropyCut
 from presto_ray.keys import extension_seed, step_keys, try_seed
-from presto_ray.plan_tree import PlanTree, ProposalKnowledge, RequestKey, StoppedEarly, build_plan_tree
+from presto_ray.plan_tree import PlanCache, PlanTree, ProposalKnowledge, RequestKey, StoppedEarly, build_plan_tree
 from presto_ray.predictor import EdgePredictor
 from presto_ray.selection import select_breadth_first, select_max_expected
 
@@ -42,6 +42,7 @@ class Planner:
         self._cut_memo: dict[tuple[int, int], int | None] = {}
         self._cut_memo_state = chain.state
         self._cuts_depend_on_state = isinstance(chain.kernel.cut_law, EntropyCut)
+        self._plan_cache = PlanCache()
 
     def observe(self, report: WalkReport) -> None:
         """Learn from the MH edges a walk realized; and never bound again a key it could not use."""
@@ -68,6 +69,7 @@ class Planner:
             # MultiTryMH: which try an accept keeps is known only when the step is walked
             proposal=proposal if chain.kernel.num_tries == 1 else None,
             stopped_early=stopped_early,
+            cache=self._plan_cache.for_root(chain.state, chain.event_index, self.predictor.num_fits),
         )
 
     def select(self, tree: PlanTree, budget: int, issued: set[RequestKey], min_gain: float | None = None) -> list[RequestKey]:
