@@ -1,5 +1,5 @@
-"""`presto-ray serve`: the OpenAI-compatible HTTP service on Ray Serve (deployments/serve_app.py,
-imported only when the command runs)."""
+"""`presto-ray serve`: the OpenAI-compatible HTTP service on Ray Serve (deployments/serve_app.py's
+run_service, imported only when the command runs)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,215 @@
+"""The HTTP ingress: one Serve replica's work for each request (serve_app.py makes it a deployment).
+
+It gets the sampling pool's coordinator handles once and runs each request's `n` chains as
+coroutines, their requests going straight to the coordinators. Every ingress replica shares the
+one pool, so the calls of all concurrent requests merge, however many ingress replicas Serve runs.
+
+This is the transport only: the body read bounded in size and time (body_reader.py), running the
+chains and streaming their events, and clients that leave (client_disconnects.py). What a body
+may say and what the service answers (fields, prompts, seeds, every response body) is the
+library's presto_ray/openai/ package; the routes, the bearer token and the guard in front of them
+are ingress_api.py's; the /v1/stats body is built by serve_stats.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel
+from ray import serve
+from ray.exceptions import RayActorError
+from ray.serve.handle import DeploymentHandle
+
+from actors.chain_driver import drive_chain
+from actors.coordinator import CoordinatorHandle
+from actors.coordinator_shards import CoordinatorShards
+from deployments.body_reader import read_body
+from deployments.client_disconnects import DisconnectReports, client_left
+from deployments.error_response import error_response
+from deployments.ingress_api import build_api
+from deployments.replica_logging import log_to_stderr
+from deployments.serve_stats import stats_response
+from presto_ray.chain import Chain
+from presto_ray.engines import build_tokenizer
+from presto_ray.job import JobConfig
+from presto_ray.openai import (
+    ApiError,
+    Prepared,
+    SampledChoice,
+    check_content_type,
+    choice_from_result,
+    completion_response,
+    done_chunk,
+    error_event,
+    internal_error,
+    models_body,
+    prepare,
+    progress_chunk,
+    sse_event,
+    stream_end,
+)
+from presto_ray.results import SampleResult
+from presto_ray.serve_config import API_KEY_ENV
+
+ChainId = tuple[str, int]  # (request id, choice index)
+
+
+def served_model_name(config: JobConfig) -> str:
+    """The model id clients name and /v1/models lists."""
+    return config.serve.model_name or config.engine.model_name
+
+
+class PrestoIngress:
+    """One ingress replica. `config`: the JobConfig as JSON (what Serve passes); `pool`: the
+    SamplingPool deployment's handle."""
+
+    def __init__(self, config: dict[str, Any], pool: DeploymentHandle) -> None:
+        self.config = JobConfig.model_validate(config)
+        self.settings = self.config.serve
+        self.model_name = served_model_name(self.config)
+        self.api_key = os.environ.get(API_KEY_ENV) or self.settings.api_key
+        self.tokenizer = build_tokenizer(self.config.engine)
+        self.context = self.config.engine.context_length
+        self.pool = pool
+        self.disconnects = DisconnectReports(pool)
+        self._coordinators: CoordinatorShards | None = None
+
+    def __serve_build_asgi_app__(self) -> FastAPI:
+        """Serve's seam, called on the replica once __init__ is done: this replica's log on its
+        stderr, and the application it serves."""
+        log_to_stderr()
+        return self.asgi_app(serve.get_replica_context().replica_id.unique_id)
+
+    def asgi_app(self, replica_id: str) -> FastAPI:
+        """The routes over this replica's handlers, tagged with `replica_id`."""
+        return build_api(self, self.settings, self.api_key, replica_id)
+
+    async def coordinators(self) -> CoordinatorShards:
+        """The pool's coordinator handles, asked for once (again after the pool was restarted)."""
+        if self._coordinators is None:
+            self._coordinators = await self.pool.coordinators.remote()
+        return self._coordinators
+
+    # --- what the routes call ----------------------------------------------------------------
+    async def models(self) -> BaseModel:
+        return models_body(self.model_name)
+
+    async def stats(self) -> BaseModel | JSONResponse:
+        try:
+            snapshot = await (await self.coordinators()).snapshot()
+            return stats_response(snapshot, client_disconnects=await self.pool.disconnects.remote())
+        except Exception as e:  # the coordinator is restarting: no internals in the answer
+            self._forget_dead_pool(e)
+            return error_response(internal_error(e))
+
+    async def completion(self, request: Request, chat: bool) -> BaseModel | Response:
+        try:
+            return await self._answer(request, chat)
+        except asyncio.CancelledError:  # Serve cancels a request whose client went away
+            if not getattr(request.state, "disconnect_reported", False):  # _answer's chains said it
+                self.disconnects.report(None, "before its answer")
+            raise
+        except Exception as e:  # a bug or a dead engine, never the client's input: no internals in the body
+            if client_left(e):  # the client left; its calls were cancelled on the way out
+                self.disconnects.report(None, "before its answer")
+                raise asyncio.CancelledError from None
+            self._forget_dead_pool(e)
+            return error_response(internal_error(e))
+
+    # --- one request -------------------------------------------------------------------------
+    def _forget_dead_pool(self, error: BaseException) -> None:
+        if isinstance(error, RayActorError):  # the pool may have been restarted with new actors
+            self._coordinators = None
+
+    async def _answer(self, request: Request, chat: bool) -> BaseModel | Response:
+        try:
+            check_content_type(request.headers.get("content-type"))
+            prepared = prepare(
+                await read_body(request, self.settings.max_body_bytes, self.settings.request_read_timeout_s),
+                chat,
+                tokenizer=self.tokenizer,
+                model_name=self.model_name,
+                context_length=self.context,
+                base_sampler=self.config.sampler,
+                settings=self.settings,
+            )
+        except ApiError as e:
+            return error_response(e)
+        coordinator: CoordinatorHandle = (await self.coordinators()).for_prompt(prepared.prompt_ids)
+        chains = [Chain(prepared.prompt_ids, config, self.tokenizer.eos_token_id) for config in prepared.configs]
+        # not pre-registered with the coordinator (as batch jobs do): a request cancelled before its
+        # chains start would leave them holding rounds back until chain_idle_timeout_s; the n
+        # chains' first plans arrive together anyway
+        ids = [(prepared.id, i) for i in range(len(chains))]
+        if prepared.stream:
+            return StreamingResponse(self._stream(coordinator, prepared, chains, ids), media_type="text/event-stream")
+        tasks = [asyncio.create_task(drive_chain(coordinator, cid, c)) for cid, c in zip(ids, chains)]
+        try:
+            results = await asyncio.gather(*tasks)
+        except BaseException as e:
+            if not isinstance(e, asyncio.CancelledError):  # (cancelled, gather has cancelled each once)
+                for task in tasks:
+                    task.cancel()  # one chain failed or Ray cancelled its call: the others stop too
+            if isinstance(e, asyncio.CancelledError) or client_left(e):
+                request.state.disconnect_reported = True
+                self.disconnects.report(prepared.id, "before its answer", coordinator, ids, tasks)
+                raise asyncio.CancelledError from None
+            if not isinstance(e, Exception):
+                raise
+            # an engine failure: this request fails, the service keeps serving
+            self._forget_dead_pool(e)
+            return error_response(internal_error(e, prepared.id))
+        return completion_response(prepared, [self._choice(prepared, i, r) for i, r in enumerate(results)])
+
+    async def _stream(self, coordinator: CoordinatorHandle, prepared: Prepared, chains: list[Chain], ids: list[ChainId]) -> AsyncIterator[str]:
+        """Server-sent events: a progress chunk per round per chain, then each choice's text.
+        `coordinator`: the prompt's coordinator shard."""
+        events: asyncio.Queue[BaseModel | SampledChoice | None] = asyncio.Queue()
+        left = list[int]()  # chains that saw their client leave
+
+        async def run(i: int) -> None:
+            async def progress(chain: Chain) -> None:
+                await events.put(progress_chunk(prepared, i, chain.stats, chain.event_index, chain.schedule.num_events))
+
+            try:
+                result = await drive_chain(coordinator, ids[i], chains[i], on_round=progress)
+                await events.put(self._choice(prepared, i, result))
+            except Exception as e:
+                if client_left(e):  # the stream was closed: its client left, nobody reads this event
+                    left.append(i)
+                    return
+                await events.put(error_event(e, prepared.id))
+            finally:
+                await events.put(None)  # this chain is over
+
+        tasks = [asyncio.create_task(run(i)) for i in range(len(chains))]
+        ended = False
+        try:
+            over, finished = 0, list[SampledChoice]()
+            while over < len(tasks):
+                event = await events.get()
+                if left:  # Ray cancelled a chain's call before the stream's own cancellation came
+                    return
+                if event is None:
+                    over += 1
+                else:
+                    if isinstance(event, SampledChoice):  # a chain is over: its text (and its cost, for usage)
+                        finished.append(event)
+                        event = done_chunk(prepared, event)
+                    yield sse_event(prepared, event)
+            for line in stream_end(prepared, finished):
+                yield line
+            ended = True
+        finally:
+            for task in tasks:
+                task.cancel()  # the client went away: stop its chains
+            if not ended:
+                self.disconnects.report(prepared.id, "during its stream", coordinator, ids, tasks)
+
+    def _choice(self, prepared: Prepared, index: int, result: SampleResult) -> SampledChoice:
+        return choice_from_result(index, result, prepared.configs[index].seed, self.tokenizer, prepared.logprobs)
