@@ -3,6 +3,9 @@
     presto-ray sample --ray --config configs/local.yaml --prompts prompts.jsonl --out out/samples
     ray job submit --working-dir . -- presto-ray sample --ray --prompts s3://bucket/p.parquet --out s3://bucket/run1
 
+`presto-ray eval --ray` runs the same job over rows of explicit requests, through another stage
+(`stage=`, actors/request_stage.py; deployments/eval_job.py).
+
 Reading, the actor pool, backpressure, progress and writing are Ray Data's; the input is never
 loaded into the driver. Resume is Ray Data's checkpointing (ray.data.checkpoint, Ray >= 2.5x),
 keyed by each row's `input_key` (its id and a digest of its prompt fields): a write commits a file
@@ -26,13 +29,14 @@ import gc
 import io
 import json
 import logging
-import re
 import socket
 import time
+from abc import ABC, abstractmethod
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Iterable, Iterator
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -41,11 +45,13 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import ray.data
 from ray.data.checkpoint import CheckpointConfig
+from ray.exceptions import RayTaskError
 
 from actors.cluster import ensure_ray
-from actors.sampling_stage import BadPromptRow, JobFailed
+from actors.sampling_stage import PowerSamplingStage
+from actors.stage_base import BadPromptRow, JobFailed, SamplingStage, StageFailure
 from deployments.checkpoint_filter import content_checkpoint_filter
-from deployments.processor import ProcessorConfig, build_power_sampling_processor
+from deployments.processor import ProcessorConfig, build_power_sampling_processor, processor_config
 from presto_ray.data_columns import ERROR_COLUMN, INPUT_KEY_COLUMN, InputColumnsConfig, input_key, key_id
 from presto_ray.engines.base import CallAccounting
 from presto_ray.job import JobConfig, engine_identity
@@ -54,7 +60,12 @@ from presto_ray.prompts import PromptFileError, check_ids, parse_jsonl_lines
 
 CHECKPOINT_DIR = ".ray-checkpoint"  # inside the output folder; readers skip dot-folders
 JOB_RECORD = ".presto-ray-job.json"
-__all__ = ["BadPromptRow", "DataJobSummary", "JobFailed", "commit_sized", "connect_ray", "filesystem", "run_data_job"]
+__all__ = [
+    "BadPromptRow", "DataJobSummary", "JobFailed", "commit_sized", "connect_ray", "filesystem", "processor_config", "run_data_job",
+]  # fmt: skip
+
+if TYPE_CHECKING:
+    from actors.engine_replica import ReplicaHandle
 
 
 @dataclass
@@ -94,19 +105,74 @@ def filesystem(uri: str) -> tuple[pafs.FileSystem, str, bool]:
     return fs, path, isinstance(fs, pafs.LocalFileSystem)
 
 
-def read_prompt_rows(uri: str) -> "ray.data.Dataset":
-    """JSONL (`.jsonl`, `.json`) or Parquet (a file or a folder), streamed by Ray Data's readers.
-    JSON lines go through Ray's pandas reader, which keeps a row whose field has another type
-    (e.g. a number for a prompt) so that row, not the whole read, gets the error."""
+class PromptInput(ABC):
+    """The prompt file or folder of a job, by its kind: JSONL (`.jsonl`, `.json`) or Parquet (a
+    `.parquet` file or a folder). `prompt_input` is the one place that tells them apart."""
+
+    def __init__(self, uri: str, fs: pafs.FileSystem, path: str, info: pafs.FileInfo) -> None:
+        self.uri, self.fs, self.path, self.info = uri, fs, path, info
+
+    @abstractmethod
+    def read(self) -> ray.data.Dataset:
+        """The rows, streamed by Ray Data's reader."""
+
+    @abstractmethod
+    def ids(self, id_field: str) -> Iterator[tuple[str, Any]]:
+        """(where, id) of every row, read in the driver keeping only the ids."""
+
+
+class JsonlInput(PromptInput):
+    def read(self) -> ray.data.Dataset:
+        # Ray's pandas reader keeps a row whose field has another type (e.g. a number for a
+        # prompt), so that row, not the whole read, gets the error; lines=True takes no filesystem
+        return ray.data.read_json(self.uri if "://" in self.uri else self.path, lines=True)
+
+    def ids(self, id_field: str) -> Iterator[tuple[str, Any]]:
+        """Line by line: bad bytes or JSON name their line, as in process."""
+        if self.info.type != pafs.FileType.File:
+            raise PromptFileError(f"{self.uri}: is a directory; give a JSONL file (or a folder of Parquet files)")
+        with self.fs.open_input_stream(self.path) as f:
+            for lineno, row in parse_jsonl_lines(io.BufferedReader(f), self.uri):
+                if not isinstance(row, dict):
+                    raise PromptFileError(f"{self.uri} line {lineno}: expected an object with '{id_field}' and a prompt")
+                yield f"{self.uri} line {lineno}", row.get(id_field)
+
+
+class ParquetInput(PromptInput):
+    def read(self) -> ray.data.Dataset:
+        return ray.data.read_parquet(self.path, filesystem=self.fs)
+
+    def ids(self, id_field: str) -> Iterator[tuple[str, Any]]:
+        """Only the id column is read."""
+        try:
+            dataset = pads.dataset(self.path, filesystem=self.fs, format="parquet", exclude_invalid_files=False)
+            if id_field not in dataset.schema.names:
+                raise PromptFileError(f"{self.uri}: no '{id_field}' column; every row needs an id")
+            row = 0
+            for batch in dataset.to_batches(columns=[id_field]):
+                for value in batch.column(0).to_pylist():
+                    yield f"{self.uri} row {row}", value
+                    row += 1
+        except (pa.ArrowException, OSError) as e:
+            raise PromptFileError(f"{self.uri}: not a readable Parquet file ({_first_line(e)})") from None
+
+
+def prompt_input(uri: str) -> PromptInput:
+    """The job's input at `uri` (a local path or any URI pyarrow accepts), by its kind."""
     fs, path, _ = filesystem(uri)
     info = fs.get_file_info(path)
     if info.type == pafs.FileType.NotFound:
         raise PromptFileError(f"{uri}: no such file")
     if uri.endswith((".jsonl", ".json")):
-        return ray.data.read_json(uri if "://" in uri else path, lines=True)  # lines=True takes no filesystem
+        return JsonlInput(uri, fs, path, info)
     if uri.endswith(".parquet") or info.type == pafs.FileType.Directory:
-        return ray.data.read_parquet(path, filesystem=fs)
+        return ParquetInput(uri, fs, path, info)
     raise PromptFileError(f"{uri}: expected a .jsonl/.json file or Parquet (a .parquet file or a folder)")
+
+
+def read_prompt_rows(uri: str) -> ray.data.Dataset:
+    """The input's rows, streamed by Ray Data's readers; the driver never loads them."""
+    return prompt_input(uri).read()
 
 
 def _check_job_record(fs: pafs.FileSystem, out: str, record: dict) -> None:
@@ -164,7 +230,7 @@ def _count(fs: pafs.FileSystem, files: Iterable[str]) -> WrittenRows:
 
 
 @contextmanager
-def _data_context(checkpoint: CheckpointConfig, progress: bool) -> Iterator[None]:
+def _data_context(checkpoint: CheckpointConfig | None, progress: bool) -> Iterator[None]:
     """Ray Data's process-wide settings for one job (checkpoint, progress bars, its logger's
     level: quiet hides its INFO lines too), restored afterwards for the next job in the process."""
     context = ray.data.DataContext.get_current()
@@ -180,28 +246,48 @@ def _data_context(checkpoint: CheckpointConfig, progress: bool) -> Iterator[None
         data_logger.setLevel(level)
 
 
+@contextmanager
+def _stage_failures_as_they_are() -> Iterator[None]:
+    """While a job runs, Ray Data raises its stage's exceptions unwrapped: by default it wraps them
+    in its UserCodeException, whose pickled copy loses its cause, and the driver's RayTaskError
+    would hold only Ray's wrapper. The stage's own failures (JobFailed, BadPromptRow) are Ray
+    UserCodeExceptions themselves, and it wraps any other exception as Ray Data does
+    (actors/stage_base.py), so Ray Data logs them as it always did."""
+    context = ray.data.DataContext.get_current()
+    saved, context.raise_original_map_exception = context.raise_original_map_exception, True
+    try:
+        yield
+    finally:
+        context.raise_original_map_exception = saved
+
+
+def _stage_failure(error: Exception) -> Exception:
+    """The stage's own failure behind Ray's error (`RayTaskError.cause`: a fresh copy, which holds
+    none of the failed execution's frames), else Ray's error itself."""
+    cause = error.cause if isinstance(error, RayTaskError) else None
+    return cause if isinstance(cause, StageFailure) else error
+
+
 def run_data_job(
     prompts: str,
     out: str,
     config: JobConfig | ProcessorConfig,
     *,
+    stage: type[SamplingStage] = PowerSamplingStage,
     address: str | None = None,
     progress: bool = True,
-    replicas: list[Any] | None = None,
-    **stage: Any,
+    replicas: list[ReplicaHandle] | None = None,
 ) -> DataJobSummary:
-    """Sample every (prompt, chain) of `prompts` not yet in `out`; `stage` sets ProcessorConfig fields."""
-    if isinstance(config, JobConfig):
-        processor_config = ProcessorConfig.from_job(config, **stage)
-    else:
-        processor_config = ProcessorConfig.model_validate({**dict(config), **stage})
-    if "batch_size" not in stage:
-        processor_config = commit_sized(processor_config)
-    job = processor_config.job
+    """Run every row of `prompts` not yet in `out` through `stage` (by default prompt rows, each
+    sampled by `chains_per_prompt` chains); `config` a job config, or a ProcessorConfig (see
+    `processor_config`: e.g. `fail_fast`). Batches hold at most `ray.commit_pairs` pairs."""
+    settings = commit_sized(processor_config(config))
+    job = settings.job
+    stage.check_job(job)
     fs, out_path, local = filesystem(out)
     # before Ray starts, hence before any work: the output can be written and is not the input,
     # and every row of the input has its own id (two rows of one id would share their chains)
-    check_prompt_ids(prompts, processor_config.columns)
+    check_prompt_ids(prompts, settings.columns)
     if local:
         check_output_folder(out_path, None if "://" in prompts else str(Path(prompts).resolve()), JOB_RECORD)
     elif fs.get_file_info(out_path).type == pafs.FileType.File:
@@ -216,33 +302,32 @@ def run_data_job(
             "sampler": job.sampler.model_dump(mode="json"),
             "engine": json.loads(engine_identity(job.engine)),
             "chains_per_prompt": job.chains_per_prompt,
-            "id_column": processor_config.columns.id,
+            "id_column": settings.columns.id,
             "checkpoint_key": INPUT_KEY_COLUMN,  # older folders were keyed by id alone
         }
-        if processor_config.rows != "prompts":  # recorded only when not the default, so older folders still match
-            record["rows"] = processor_config.rows
+        record.update(stage.JOB_RECORD)  # what the stage's rows are; prompt rows record nothing, as older folders
         _check_job_record(fs, out_path, record)
-        _refuse_changed_prompts(prompts, out, fs, out_path, processor_config.columns)
+        _refuse_changed_prompts(prompts, out, fs, out_path, settings.columns)
         before = _data_files(fs, out_path)
         summary = DataJobSummary()
         checkpoint = CheckpointConfig(
             id_column=INPUT_KEY_COLUMN,
             checkpoint_path=_join(out, CHECKPOINT_DIR),
             delete_checkpoint_on_success=False,  # a rerun of a finished job must find it: nothing to do
-            checkpoint_filter_cls=content_checkpoint_filter(processor_config.columns),
+            checkpoint_filter_cls=content_checkpoint_filter(settings.columns),
         )
-        with _data_context(checkpoint, progress):
+        with _data_context(checkpoint, progress), _stage_failures_as_they_are():
             prompt_rows = read_prompt_rows(prompts)  # after the checkpoint config: the read filters done ids
-            with build_power_sampling_processor(processor_config, address=address, replicas=replicas) as processor:
+            with build_power_sampling_processor(settings, stage=stage, address=address, replicas=replicas) as processor:
                 failure = None
                 try:
                     # blocks of one batch each: the stage's actor task, hence its fused write, is one
                     # batch, so each batch's file and checkpoint commit as soon as its chains end (one
                     # block of the whole input would commit nothing until the end)
-                    batches = prompt_rows.repartition(target_num_rows_per_block=processor_config.batch_size, strict=True)
+                    batches = prompt_rows.repartition(target_num_rows_per_block=settings.batch_size, strict=True)
                     processor(batches).write_parquet(out_path, filesystem=fs)
                 except Exception as e:  # Ray wraps the stage's errors: surface ours as themselves
-                    failure = _cause(e, (BadPromptRow, JobFailed, PromptFileError)) or e
+                    failure = _stage_failure(e)
                 if failure is not None:
                     # raised out here, not in the handler (whose exception would become its
                     # __context__): Ray's exception holds the failed execution, whose actor pools
@@ -281,43 +366,9 @@ def commit_sized(config: ProcessorConfig) -> ProcessorConfig:
 
 
 def check_prompt_ids(prompts: str, columns: InputColumnsConfig) -> int:
-    """Stream the input once in the driver before the job: a JSONL file decodes line by line
-    (bad bytes or JSON name their line, as in process), and every row has an id that no other row
-    has. Only the ids are kept (Parquet: only the id column is read). Returns the row count."""
-    fs, path, _ = filesystem(prompts)
-    info = fs.get_file_info(path)
-    if info.type == pafs.FileType.NotFound:
-        raise PromptFileError(f"{prompts}: no such file")
-    id_field = columns.id
-    if prompts.endswith((".jsonl", ".json")):
-        if info.type != pafs.FileType.File:
-            raise PromptFileError(f"{prompts}: is a directory; give a JSONL file (or a folder of Parquet files)")
-
-        def jsonl_ids() -> Iterator[tuple[str, Any]]:
-            with fs.open_input_stream(path) as f:
-                for lineno, row in parse_jsonl_lines(io.BufferedReader(f), prompts):  # type: ignore[arg-type]
-                    if not isinstance(row, dict):
-                        raise PromptFileError(f"{prompts} line {lineno}: expected an object with '{id_field}' and a prompt")
-                    yield f"{prompts} line {lineno}", row.get(id_field)
-
-        return check_ids(jsonl_ids(), prompts, id_field)
-    if not (prompts.endswith(".parquet") or info.type == pafs.FileType.Directory):
-        return 0  # read_prompt_rows names what it expects
-    try:
-        dataset = pads.dataset(path, filesystem=fs, format="parquet", exclude_invalid_files=False)
-        if id_field not in dataset.schema.names:
-            raise PromptFileError(f"{prompts}: no '{id_field}' column; every row needs an id")
-
-        def parquet_ids() -> Iterator[tuple[str, Any]]:
-            row = 0
-            for batch in dataset.to_batches(columns=[id_field]):
-                for value in batch.column(0).to_pylist():
-                    yield f"{prompts} row {row}", value
-                    row += 1
-
-        return check_ids(parquet_ids(), prompts, id_field)
-    except (pa.ArrowException, OSError) as e:
-        raise PromptFileError(f"{prompts}: not a readable Parquet file ({_first_line(e)})") from None
+    """Stream the input once in the driver before the job: every row has an id that no other row
+    has (only the ids are kept). Returns the row count."""
+    return check_ids(prompt_input(prompts).ids(columns.id), prompts, columns.id)
 
 
 def _refuse_changed_prompts(prompts: str, out: str, fs: pafs.FileSystem, out_path: str, columns: InputColumnsConfig) -> None:
@@ -338,10 +389,9 @@ def _refuse_changed_prompts(prompts: str, out: str, fs: pafs.FileSystem, out_pat
     if not keys:
         return
     ids = {key_id(k) for k in keys}
-    with _data_context(None, False):  # type: ignore[arg-type]  # a plain read: no checkpoint, no bars
-        found = read_prompt_rows(prompts).map_batches(
-            _changed_ids, batch_format="pyarrow", fn_kwargs={"keys": keys, "ids": ids, "columns": columns}
-        ).take_all()
+    with _data_context(None, False):  # a plain read: no checkpoint, no bars
+        changed_ids = partial(_changed_ids, keys=keys, ids=ids, columns=columns)
+        found = read_prompt_rows(prompts).map_batches(changed_ids, batch_format="pyarrow").take_all()
     changed = sorted({row["id"] for row in found})
     if changed:
         shown = ", ".join(repr(i) for i in changed[:5]) + (f" and {len(changed) - 5} more" if len(changed) > 5 else "")
@@ -394,19 +444,3 @@ def _first_line(error: BaseException) -> str:
 
 def _join(base: str, name: str) -> str:
     return f"{base.rstrip('/')}/{name}" if "://" in base else str(Path(base).resolve() / name)
-
-
-def _cause(error: BaseException, kinds: tuple[type, ...]) -> BaseException | None:
-    """Our exception behind a Ray Data failure, rebuilt from its message. Ray Data re-raises a
-    stage's exception as a UserCodeException without pickling its cause, so only the remote
-    traceback in the message still names it (as "module.Class: message")."""
-    text = str(error)
-    for kind in kinds:
-        # rebuilt even when `error` is one (Ray's RayTaskError(kind) is): a fresh exception does not
-        # hold the failed execution's frames
-        found = re.findall(rf"^{re.escape(kind.__module__)}\.{kind.__qualname__}: (.+)$", text, re.MULTILINE)
-        if found:
-            return kind(found[-1])
-        if type(error) is kind:
-            return error
-    return None

@@ -1,11 +1,12 @@
 """`presto-ray eval --ray`: each method's sampling as a resumable Ray Data job.
 
-`RayDataEvalRunner` is the library's `EvalRunner` (presto_ray/evaluate.py) on the batch job of
+`RayDataEvalRunner` is the library's `EvalRunner` (presto_ray/eval_runner.py) on the batch job of
 deployments/data_job.py. For each method it writes the method's work as a requests Parquet, one
-row per (problem, sample[, candidate]), and runs it through the power-sampling stage with
-`rows="requests"` (actors/sampling_stage.py): a power row is one chain of the job's sampler with
-its `method_seed`, a plain row (greedy, temperature_1, low_temperature, a best_of_n candidate) one
-`ProposalRequest` at its temperature and seed, sent through the coordinator like a chain's round.
+row per (problem, sample[, candidate]), and runs it through an explicit-request stage
+(actors/request_stage.py): power's rows through `ChainRequestStage`, each one chain of the job's
+sampler with its `method_seed`; a plain method's rows (greedy, temperature_1, low_temperature,
+best_of_n's candidates) through `GenerationRequestStage`, each one `ProposalRequest` at its
+temperature and seed, sent through the coordinator like a chain's round.
 The eval then reads the rows back, rebuilds the completions and chain results the in-process
 runner returns, and grades them as it always does: the answers are the in-process answers.
 
@@ -32,7 +33,7 @@ import os
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -40,13 +41,15 @@ import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 
 from actors.cluster import SamplingCluster
-from actors.sampling_stage import (
+from actors.request_stage import (
     REQUEST_SEED_COLUMN,
     REQUEST_TEMPERATURE_COLUMN,
     REQUEST_TOKENS_COLUMN,
-    BadPromptRow,
-    JobFailed,
+    ChainRequestStage,
+    GenerationRequestStage,
+    RequestStage,
 )
+from actors.stage_base import BadPromptRow, JobFailed
 from deployments.data_job import DataJobSummary, connect_ray, filesystem, run_data_job
 from presto_ray.config import SamplerConfig
 from presto_ray.engines import build_tokenizer
@@ -56,6 +59,9 @@ from presto_ray.job import JobConfig, content_digest
 from presto_ray.results import SampleResult, SampleStats
 
 __all__ = ["BadPromptRow", "JobFailed", "RayDataEvalRunner", "default_work_folder"]
+
+if TYPE_CHECKING:
+    from actors.engine_replica import ReplicaHandle
 
 REQUESTS_FILE = "requests.parquet"
 ROWS_FOLDER = "rows"
@@ -79,7 +85,7 @@ class RayDataEvalRunner:
         address: str | None = None,
         progress: bool = True,
         say: Callable[[str], None] | None = None,
-        replicas: list | None = None,
+        replicas: list[ReplicaHandle] | None = None,
     ) -> None:
         self.job = job.model_copy(update={"chains_per_prompt": 1})  # one chain or generation per row
         self.work, self.address, self.progress = work.rstrip("/"), address, progress
@@ -97,8 +103,9 @@ class RayDataEvalRunner:
         for r in requests:  # the stage rebuilds each request from its prompt, seed and temperature
             if r.prefix_token_ids or r.max_new_tokens != horizon or not r.stop_at_eos or r.want_entropy or r.rejection_bounds:
                 raise ValueError(f"{method}: the Ray job sends plain requests from the prompt up to the horizon only")
-        rows = [(key, r.prompt_token_ids, r.seed, float(r.temperature)) for key, r in zip(keys, requests, strict=True)]
-        found, accounting, resumed = self._run(method, rows)
+        temperatures = [float(r.temperature) for r in requests]
+        ids, table = _request_rows(keys, [r.prompt_token_ids for r in requests], [r.seed for r in requests], temperatures)
+        found, accounting, resumed = self._run(method, ids, table, GenerationRequestStage)
         completions = [
             Completion(tuple(row["token_ids"]), np.asarray(row["logp0"], dtype=np.float64),
                        np.asarray(row["logq"], dtype=np.float64), row["finish_reason"], row["cached_prompt_tokens"] or 0)
@@ -113,8 +120,8 @@ class RayDataEvalRunner:
         for c in configs:  # the stage runs the job's sampler with each row's seed
             if c.model_copy(update={"seed": sampler.seed}) != sampler:
                 raise ValueError(f"{method}: the Ray job runs chains of the job's sampler config (only the seed may differ)")
-        rows = [(key, tuple(p), c.seed, None) for key, p, c in zip(keys, prompts, configs, strict=True)]
-        found, accounting, resumed = self._run(method, rows)
+        ids, table = _request_rows(keys, prompts, [c.seed for c in configs], None)
+        found, accounting, resumed = self._run(method, ids, table, ChainRequestStage)
         results = [
             SampleResult(tuple(row["token_ids"]), SampleStats(**json.loads(row["sample_stats"])), tuple(row["logp0"]))
             for row in found
@@ -135,28 +142,19 @@ class RayDataEvalRunner:
             self._cluster = None
 
     # --- one method's job ----------------------------------------------------------------------
-    def _run(
-        self, method: str, rows: list[tuple[str, Sequence[int], int, float | None]]
-    ) -> tuple[list[dict], CallAccounting, int]:
+    def _run(self, method: str, ids: list[str], table: pa.Table, stage: type[RequestStage]) -> tuple[list[dict[str, Any]], CallAccounting, int]:
         """Write the method's requests, run (or resume) its job, read its rows back in input order."""
-        ids = [f"{key}@{content_digest([list(tokens), seed, temperature])[:16]}" for key, tokens, seed, temperature in rows]
         if len(set(ids)) != len(ids):
             raise ValueError(f"{method}: two rows with the same key and request")
         folder = f"{self.work}/{method}"
         requests, out = f"{folder}/{REQUESTS_FILE}", f"{folder}/{ROWS_FOLDER}"
-        table = pa.table({
-            "id": pa.array(ids, pa.string()),
-            REQUEST_TOKENS_COLUMN: pa.array([list(tokens) for _, tokens, _, _ in rows], pa.list_(pa.int64())),
-            REQUEST_SEED_COLUMN: pa.array([seed for _, _, seed, _ in rows], pa.int64()),
-            REQUEST_TEMPERATURE_COLUMN: pa.array([t for _, _, _, t in rows], pa.float64()),
-        })  # fmt: skip
         _write_atomic(table, requests)
         self._job_started = time.time()
-        self.say(f"{method}: {len(rows)} rows through the Ray Data job in {out}")
+        self.say(f"{method}: {len(ids)} rows through the Ray Data job in {out}")
         try:
             summary = run_data_job(
-                requests, out, self.job, address=self.address, progress=self.progress, replicas=self._shared_replicas(),
-                rows="requests",
+                requests, out, self.job, stage=stage, address=self.address, progress=self.progress,
+                replicas=self._shared_replicas(),
             )  # fmt: skip
         except ValueError as e:  # the folder holds other settings' rows, another writer, ...
             raise ValueError(
@@ -164,7 +162,7 @@ class RayDataEvalRunner:
                 f"give another --out or --work, or remove {self.work})"
             ) from None
         self.summaries[method] = summary
-        resumed = max(0, len(rows) - summary.samples - summary.errors)
+        resumed = max(0, len(ids) - summary.samples - summary.errors)
         self.say(f"{method}: {summary.samples} rows sampled, {resumed} resumed from an earlier run, "
                  f"{summary.wall_time_s:.1f} s")  # fmt: skip
         by_id = _read_rows(out, set(ids))
@@ -177,12 +175,12 @@ class RayDataEvalRunner:
         accounting = replace(summary.engine)  # this job's coordinator: this method's calls only
         return found, accounting, resumed
 
-    def _span(self, found: list[dict]) -> float:
+    def _span(self, found: list[dict[str, Any]]) -> float:
         """First start to last end of the rows this run sampled (resumed rows started before it)."""
         mine = [row for row in found if row["started_at"] is not None and row["started_at"] >= self._job_started]
         return max(row["finished_at"] for row in mine) - min(row["started_at"] for row in mine) if mine else 0.0
 
-    def _shared_replicas(self) -> list | None:
+    def _shared_replicas(self) -> list[ReplicaHandle] | None:
         """The engine replicas every method's job uses (started once); None with autoscaling, where
         each job starts and scales its own."""
         if self._replicas is not None:
@@ -191,8 +189,26 @@ class RayDataEvalRunner:
             return None
         if self._cluster is None:
             connect_ray(self.address, self.progress)
-            self._cluster = SamplingCluster(self.job.engine, self.job.ray, address=self.address).start()
+            self._cluster = SamplingCluster(self.job.engine, self.job.ray, address=self.address)
         return self._cluster.replicas
+
+
+def _request_rows(
+    keys: Sequence[str], prompts: Sequence[Sequence[int]], seeds: Sequence[int], temperatures: Sequence[float] | None
+) -> tuple[list[str], pa.Table]:
+    """A method's rows for its request stage: ids, and the table of token ids, seeds and, for plain
+    generations, temperatures (None: chains). A row's id is its key and a digest of its request
+    (a chain's temperature is null in it, as in every work folder since eval --ray first ran)."""
+    per_row = temperatures if temperatures is not None else [None] * len(keys)
+    ids = [f"{key}@{content_digest([list(tokens), seed, t])[:16]}" for key, tokens, seed, t in zip(keys, prompts, seeds, per_row, strict=True)]
+    columns = {
+        "id": pa.array(ids, pa.string()),
+        REQUEST_TOKENS_COLUMN: pa.array([list(tokens) for tokens in prompts], pa.list_(pa.int64())),
+        REQUEST_SEED_COLUMN: pa.array(list(seeds), pa.int64()),
+    }
+    if temperatures is not None:
+        columns[REQUEST_TEMPERATURE_COLUMN] = pa.array(list(temperatures), pa.float64())
+    return ids, pa.table(columns)
 
 
 def _write_atomic(table: pa.Table, uri: str) -> None:
@@ -204,11 +220,11 @@ def _write_atomic(table: pa.Table, uri: str) -> None:
     fs.move(tmp, path)  # atomic on local disks; object stores write whole objects anyway
 
 
-def _read_rows(out: str, wanted: set[str]) -> dict[str, dict]:
+def _read_rows(out: str, wanted: set[str]) -> dict[str, dict[str, Any]]:
     """The committed rows of the job's folder whose id is wanted (readers skip dot-files)."""
     fs, path, _ = filesystem(out)
     dataset = pads.dataset(path, filesystem=fs, format="parquet")
-    by_id: dict[str, dict] = {}
+    by_id: dict[str, dict[str, Any]] = {}
     for batch in dataset.to_batches(columns=READ_COLUMNS):
         for row in batch.to_pylist():
             if row["prompt_id"] in wanted:

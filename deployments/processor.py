@@ -10,6 +10,8 @@ Input rows carry an id and a `prompt` or `messages` (column names configurable);
 (null unless the prompt could not be sampled) and the input's other columns. The chains run in an
 actor pool (`concurrency`: a size or an autoscaling (min, max) range) whose actors all share one
 coordinator and its engine replicas, so requests merge into the same calls across the pool.
+`stage=` runs another kind of row through the same pool (`presto-ray eval --ray`'s explicit
+requests: actors/request_stage.py).
 
 It lives above the library (which runs without Ray): deployments/data_job.py runs it as the
 `presto-ray sample --ray` job. Ray is imported only when a processor is built or applied.
@@ -18,9 +20,9 @@ It lives above the library (which runs without Ray): deployments/data_job.py run
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field
 
 from presto_ray.data_columns import InputColumnsConfig
 from presto_ray.job import JobConfig
@@ -29,6 +31,8 @@ if TYPE_CHECKING:
     import ray.data
 
     from actors.coordinator_stats import CoordinatorSnapshot
+    from actors.engine_replica import ReplicaHandle
+    from actors.stage_base import SamplingStage
 
 
 class ProcessorConfig(BaseModel):
@@ -45,44 +49,49 @@ class ProcessorConfig(BaseModel):
         4, ge=1, le=1024, description="Batches each stage actor runs at once (their chains share its event loop)."
     )
     fail_fast: bool = Field(False, description="Stop the job at the first bad prompt instead of writing its error.")
-    rows: Literal["prompts", "requests"] = Field(
-        "prompts",
-        description="What an input row is. `prompts`: an id and a prompt or messages, sampled by chains_per_prompt "
-        "chains seeded from the job seed and the id. `requests` (what `presto-ray eval --ray` writes): one explicit "
-        "piece of work per row, its prompt already tokenized (`request_token_ids`) with its own seed "
-        "(`request_seed`) and `request_temperature`: null for one chain of the job's sampler, a number for one "
-        "plain generation at that temperature up to the horizon; the output adds logp0, logq, finish_reason, "
-        "sample_stats, started_at and finished_at (actors/sampling_stage.py). Needs chains_per_prompt 1.",
-    )
-
-    @model_validator(mode="after")
-    def _one_chain_per_request(self) -> "ProcessorConfig":
-        if self.rows == "requests" and self.job.chains_per_prompt != 1:
-            raise ValueError("rows='requests' runs one chain or generation per row: chains_per_prompt must be 1")
-        return self
 
     @classmethod
-    def from_job(cls, job: JobConfig, **overrides: Any) -> "ProcessorConfig":
+    def from_job(cls, job: JobConfig) -> "ProcessorConfig":
         """Defaults read off the job config: `ray.chain_actors` stage actors, and batches sized so
         that about `max_active_chains` chains run at once across the pool."""
         batches = job.ray.chain_actors * cls.model_fields["batches_per_actor"].default
         batch_size = max(1, job.max_active_chains // (job.chains_per_prompt * batches))
-        return cls.model_validate({"job": job, "concurrency": job.ray.chain_actors, "batch_size": batch_size, **overrides})
+        return cls.model_validate({"job": job, "concurrency": job.ray.chain_actors, "batch_size": batch_size})
+
+
+def processor_config(config: JobConfig | ProcessorConfig | str | Path, **fields: Any) -> ProcessorConfig:
+    """The one reading of what a processor is given: a job config's YAML path is read, a job
+    config gets the defaults read off it (`from_job`), and `fields` set ProcessorConfig fields
+    (concurrency, batch_size, columns, fail_fast, ...), validated."""
+    if isinstance(config, (str, Path)):
+        config = JobConfig.from_yaml(config)
+    if isinstance(config, JobConfig):
+        config = ProcessorConfig.from_job(config)
+    return ProcessorConfig.model_validate({**dict(config), **fields}) if fields else config
 
 
 class PowerSamplingProcessor:
-    """`processor(ds) -> ds`; owns the coordinator and engine replicas until `shutdown()`."""
+    """`processor(ds) -> ds`; owns the coordinator and engine replicas until `shutdown()`.
+    `stage`: the stage class the rows go through (default `PowerSamplingStage`: prompt rows)."""
 
-    def __init__(self, config: ProcessorConfig, *, address: str | None = None, replicas: list[Any] | None = None) -> None:
+    def __init__(
+        self,
+        config: ProcessorConfig,
+        *,
+        stage: type[SamplingStage] | None = None,
+        address: str | None = None,
+        replicas: list[ReplicaHandle] | None = None,
+    ) -> None:
         from actors.cluster import SamplingCluster
+        from actors.sampling_stage import PowerSamplingStage
 
         self.config = config
-        self.cluster = SamplingCluster(config.job.engine, config.job.ray, address=address, replicas=replicas).start()
+        self.stage: type[SamplingStage] = stage or PowerSamplingStage
+        self.stage.check_job(config.job)  # before anything starts
+        self.cluster = SamplingCluster(config.job.engine, config.job.ray, address=address, replicas=replicas)
 
     def __call__(self, ds: ray.data.Dataset) -> ray.data.Dataset:
         from ray.data import ActorPoolStrategy
-
-        from actors.sampling_stage import PowerSamplingStage
 
         c = self.config
         if isinstance(c.concurrency, int):
@@ -91,7 +100,7 @@ class PowerSamplingProcessor:
             low, high = c.concurrency
             pool = ActorPoolStrategy(min_size=low, max_size=high, max_concurrent_calls_per_actor=c.batches_per_actor)
         return ds.map_batches(
-            PowerSamplingStage,
+            self.stage,
             batch_format="pyarrow",
             batch_size=c.batch_size,
             compute=pool,
@@ -101,7 +110,6 @@ class PowerSamplingProcessor:
                 config_json=c.job.model_dump_json(),
                 columns=c.columns,
                 fail_fast=c.fail_fast,
-                rows=c.rows,
             ),
         )
 
@@ -120,16 +128,15 @@ class PowerSamplingProcessor:
 
 
 def build_power_sampling_processor(
-    config: JobConfig | ProcessorConfig | str | Path, *, address: str | None = None, replicas: list[Any] | None = None,
-    **stage: Any,
+    config: JobConfig | ProcessorConfig | str | Path,
+    *,
+    stage: type[SamplingStage] | None = None,
+    address: str | None = None,
+    replicas: list[ReplicaHandle] | None = None,
+    **fields: Any,
 ) -> PowerSamplingProcessor:
-    """A processor for `config` (a job config, its YAML path, or a full ProcessorConfig); `stage`
-    sets ProcessorConfig fields (concurrency, batch_size, columns, fail_fast, ...). Starts the
-    engine replicas and the coordinator (or uses running `replicas`)."""
-    if isinstance(config, (str, Path)):
-        config = JobConfig.from_yaml(config)
-    if isinstance(config, JobConfig):
-        config = ProcessorConfig.from_job(config, **stage)
-    elif stage:
-        config = ProcessorConfig.model_validate({**dict(config), **stage})
-    return PowerSamplingProcessor(config, address=address, replicas=replicas)
+    """A processor for `config` (a job config, its YAML path, or a full ProcessorConfig); `fields`
+    set ProcessorConfig fields (concurrency, batch_size, columns, fail_fast, ...), `stage` the
+    kind of rows (default: prompts). Starts the engine replicas and the coordinator (or uses
+    running `replicas`)."""
+    return PowerSamplingProcessor(processor_config(config, **fields), stage=stage, address=address, replicas=replicas)

@@ -1,5 +1,5 @@
-"""`presto-ray eval --ray`: each method's sampling runs as a resumable Ray Data job (the power-sampling
-stage with rows="requests", deployments/eval_job.py) on a real local Ray cluster, and gives the
+"""`presto-ray eval --ray`: each method's sampling runs as a resumable Ray Data job (the explicit-request
+stages of actors/request_stage.py, deployments/eval_job.py) on a real local Ray cluster, and gives the
 in-process answers for all five methods, with the engine's own time and tokens; a driver SIGKILLed
 part-way and rerun keeps the rows it committed, samples only the rest and reports the same
 answers; a rerun with another sampler config into the same work folder is refused in one line."""
@@ -11,7 +11,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -25,6 +24,7 @@ from presto_ray.eval_methods import METHODS
 from presto_ray.evaluate import run_eval
 from presto_ray.job import JobConfig
 from presto_ray.tasks.arithmetic import arithmetic_problems, build_task
+from waiting import wait_for
 
 pytest.importorskip("ray.data")
 
@@ -102,10 +102,12 @@ def test_a_killed_eval_resumes_its_committed_rows_and_refuses_another_config(ray
     total = {"greedy": 3, "power": 6, "temperature_1": 6}
 
     first = _eval_cli(args, ray_address)
-    deadline = time.monotonic() + 240
-    while _committed(work / "power" / "rows") < 1 and time.monotonic() < deadline:  # greedy done, power part-way
+
+    def power_part_way() -> bool:  # greedy done, power's first row committed
         assert first.poll() is None, first.stdout.read() if first.stdout else ""
-        time.sleep(0.05)
+        return _committed(work / "power" / "rows") >= 1
+
+    wait_for(power_part_way, 240, "power's first committed row")
     first.send_signal(signal.SIGKILL)
     first.wait()
     assert not out.exists()

@@ -24,8 +24,9 @@ ray = pytest.importorskip("ray")
 pytest.importorskip("ray.data")  # needs pandas: the `ray` extra installs ray[data]
 
 from deployments.data_job import CHECKPOINT_DIR, BadPromptRow, run_data_job  # noqa: E402
-from deployments.processor import build_power_sampling_processor  # noqa: E402
+from deployments.processor import build_power_sampling_processor, processor_config  # noqa: E402
 from ray_helpers import InBackground, assert_same_samples, reference, toy_job, with_engine, with_sampler  # noqa: E402
+from waiting import wait_for  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -81,8 +82,9 @@ def test_bad_rows_get_their_error_and_the_job_goes_on(ray_address, tmp_path):
     assert "row id='too-long'" in errors[("too-long", 1)] and "exceeds the model's context of 96" in errors[("too-long", 1)]
     assert "row id='number': field 'prompt' must be a non-empty string" in errors[("number", 0)]
 
-    with pytest.raises(BadPromptRow, match=r"row id='(empty|too-long|number)'"):
-        run_data_job(str(prompts), str(tmp_path / "fail-fast"), config, progress=False, fail_fast=True)
+    with pytest.raises(BadPromptRow, match=r"^row id='(empty|too-long|number)'") as caught:  # the stage's own exception
+        run_data_job(str(prompts), str(tmp_path / "fail-fast"), processor_config(config, fail_fast=True), progress=False)
+    assert "\n" not in str(caught.value), str(caught.value)
 
 
 def _cli(args, address):
@@ -109,10 +111,12 @@ def test_a_killed_job_resumes_writing_each_pair_once(ray_address, tmp_path):
     args = ["--config", str(config_path), "--prompts", str(prompts), "--out", str(out), "--quiet"]
 
     first = _cli(args, ray_address)
-    deadline = time.monotonic() + 180
-    while len(_committed(out)) < 2 and time.monotonic() < deadline:
-        assert first.poll() is None, first.stdout.read()
-        time.sleep(0.05)
+
+    def two_files_committed() -> bool:
+        assert first.poll() is None, first.stdout.read() if first.stdout else ""
+        return len(_committed(out)) >= 2
+
+    wait_for(two_files_committed, 180, "the job to commit two files")
     with pytest.raises(ValueError, match=rf"is being written by process {first.pid} "):  # a second live writer
         run_data_job(str(prompts), str(out), config, progress=False)
     first.send_signal(signal.SIGKILL)
@@ -224,10 +228,7 @@ def _stage_actors(since_ms: float) -> list[dict]:
 
 
 def _sigkill_a_stage_actor(since_ms: float) -> dict:
-    deadline = time.monotonic() + 120
-    while not (found := _stage_actors(since_ms)) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert found, "no stage actor was ever alive"
+    found = wait_for(lambda: _stage_actors(since_ms), 120, "a stage actor to be alive", interval_s=0.02)
     os.kill(found[0]["Pid"], signal.SIGKILL)  # a crash, not a polite ray.kill
     return found[0]
 
@@ -251,9 +252,8 @@ def test_a_killed_actor_changes_no_sample(ray_address, tmp_path, victim, schedul
     started_ms = time.time() * 1000
     with build_power_sampling_processor(config, concurrency=1, batch_size=2) as processor:
         job = InBackground(lambda: processor(ray.data.from_items(rows)).write_parquet(str(out)))
-        deadline = time.monotonic() + 120
-        while processor.snapshot().counters.submitted_requests < 8 and time.monotonic() < deadline:
-            time.sleep(0.02)  # the chains are running
+        wait_for(lambda: processor.snapshot().counters.submitted_requests >= 8, 120, "the chains to submit 8 requests",
+                 interval_s=0.02)  # fmt: skip
         if victim == "stage-actor":
             killed = _sigkill_a_stage_actor(started_ms)
         else:
@@ -280,14 +280,17 @@ def test_a_coordinator_gone_for_good_ends_the_job_with_one_line(ray_address, tmp
     prompts = write_jsonl(tmp_path / "prompts.jsonl", [{"id": i.id, "prompt": i.prompt} for i in items])
     out = tmp_path / "out"
 
+    killers = []
+
     def build_and_kill_its_coordinator(*args, **kwargs):  # the job's own processor, its coordinator killed mid-job
         processor = build_power_sampling_processor(*args, **kwargs)
-        InBackground(lambda: _kill_once_it_serves(processor))
+        killers.append(InBackground(lambda: _kill_once_it_serves(processor)))
         return processor
 
     monkeypatch.setattr(data_job, "build_power_sampling_processor", build_and_kill_its_coordinator)
-    with pytest.raises(data_job.JobFailed) as caught:
+    with pytest.raises(data_job.JobFailed) as caught:  # the stage's own exception, not Ray's wrapper
         run_data_job(str(prompts), str(out), config, progress=False)
+    killers[0].result()
     message = str(caught.value)
     assert "\n" not in message and "coordinator" in message and "rerun to resume" in message, message
     assert "within 2 s" in message and "coordinator_max_restarts = 0" in message, message
@@ -295,14 +298,13 @@ def test_a_coordinator_gone_for_good_ends_the_job_with_one_line(ray_address, tmp
 
 
 def _kill_once_it_serves(processor) -> None:
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
+    def serving() -> bool:
         try:
-            if processor.snapshot().counters.submitted_requests:
-                break
-        except Exception:
-            pass
-        time.sleep(0.02)
+            return bool(processor.snapshot().counters.submitted_requests)
+        except Exception:  # the coordinator is still starting
+            return False
+
+    wait_for(serving, 120, "the job's coordinator to serve requests", interval_s=0.02)
     ray.kill(processor.cluster.coordinator, no_restart=True)
 
 

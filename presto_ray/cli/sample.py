@@ -108,7 +108,7 @@ def _sample_on_ray(args: argparse.Namespace, config: JobConfig) -> int:
     """The job on Ray Data: streamed read, the power-sampling stage, Parquet files in a folder,
     resumable through Ray's checkpointing (see deployments/data_job.py)."""
     try:
-        from deployments.data_job import BadPromptRow, JobFailed, run_data_job
+        from deployments.data_job import BadPromptRow, JobFailed, processor_config, run_data_job
     except ImportError as e:
         return fail(f"--ray needs Ray Data: pip install 'presto-ray[ray]' ({e})")
     from presto_ray.models import ModelProvisionError
@@ -116,7 +116,7 @@ def _sample_on_ray(args: argparse.Namespace, config: JobConfig) -> int:
     out = args.out or "out/samples"
     try:
         summary = run_data_job(
-            args.prompts, out, config, address=args.address, progress=not args.quiet, fail_fast=args.fail_fast
+            args.prompts, out, processor_config(config, fail_fast=args.fail_fast), address=args.address, progress=not args.quiet
         )
     except (ModelProvisionError, BadPromptRow) as e:
         return fail(str(e))
