@@ -2,7 +2,8 @@
 
 `base` holds the contract (requests, completions, `CallAccounting`, `Engine`, `StreamingEngine`
 and its `EngineEvent`, `Tokenizer`); `specs` the configs that build each engine; `toy` (with
-`virtual_clock`, its streaming form) and the `vllm` package the two engines.
+`virtual_clock`, its streaming form), the `vllm` package and the `transformers` package the
+engines.
 """
 
 from presto_ray.engines.base import (
@@ -15,7 +16,14 @@ from presto_ray.engines.base import (
     StreamingEngine,
     Tokenizer,
 )
-from presto_ray.engines.specs import EngineConfig, ToyEngineConfig, VLLMEngineConfig, build_engine, build_tokenizer
+from presto_ray.engines.specs import (
+    EngineConfig,
+    ToyEngineConfig,
+    TransformersEngineConfig,
+    VLLMEngineConfig,
+    build_engine,
+    build_tokenizer,
+)
 
 __all__ = [
     "CallAccounting",
@@ -28,6 +36,7 @@ __all__ = [
     "StreamingEngine",
     "Tokenizer",
     "ToyEngineConfig",
+    "TransformersEngineConfig",
     "VLLMEngineConfig",
     "build_engine",
     "build_tokenizer",

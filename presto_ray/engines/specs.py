@@ -11,12 +11,21 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from presto_ray.engines.transformers.config import TransformersEngineConfig
 from presto_ray.engines.vllm.config import DEFAULT_MODEL_NAME, VLLMEngineConfig
 
 if TYPE_CHECKING:
     from presto_ray.engines.base import Engine, Tokenizer
 
-__all__ = ["DEFAULT_MODEL_NAME", "EngineConfig", "ToyEngineConfig", "VLLMEngineConfig", "build_engine", "build_tokenizer"]
+__all__ = [
+    "DEFAULT_MODEL_NAME",
+    "EngineConfig",
+    "ToyEngineConfig",
+    "TransformersEngineConfig",
+    "VLLMEngineConfig",
+    "build_engine",
+    "build_tokenizer",
+]
 
 
 class ToyEngineConfig(BaseModel):
@@ -71,14 +80,15 @@ class ToyEngineConfig(BaseModel):
         return self.model_dump(mode="json", exclude={"call_latency_s", "token_latency_s"})
 
 
-EngineConfig = Annotated[Union[ToyEngineConfig, VLLMEngineConfig], Field(discriminator="kind")]
+EngineConfig = Annotated[Union[ToyEngineConfig, VLLMEngineConfig, TransformersEngineConfig], Field(discriminator="kind")]
+AnyEngineConfig = ToyEngineConfig | VLLMEngineConfig | TransformersEngineConfig
 
 
-def build_engine(spec: ToyEngineConfig | VLLMEngineConfig) -> "Engine":
+def build_engine(spec: AnyEngineConfig) -> "Engine":
     """The engine a spec describes (its `.tokenizer` encodes prompts and decodes samples)."""
     return spec.build()
 
 
-def build_tokenizer(spec: ToyEngineConfig | VLLMEngineConfig) -> "Tokenizer":
+def build_tokenizer(spec: AnyEngineConfig) -> "Tokenizer":
     """The tokenizer of the engine a spec describes, without starting the engine."""
     return spec.build_tokenizer()
