@@ -75,6 +75,20 @@ def _bench_virtual_clock(args: argparse.Namespace) -> int:
         written += [out, str(png), latency_out]
     load_out = Path(out).with_name(Path(out).stem + "_load.json")
     devices = load_devices() if args.saturation is None else load_devices(args.saturation)
+    if args.device_curve is not None:
+        from pydantic import ValidationError
+
+        from bench.virtual_clock import measured_device
+        from presto_ray.engines.device_curve import DeviceCurve
+
+        try:
+            devices = measured_device(DeviceCurve.load(args.device_curve))
+        except ValidationError as e:
+            first = e.errors()[0]
+            field = ".".join(str(part) for part in first["loc"]) or "the curve"
+            return fail(f"--device-curve {args.device_curve}: {field}: {first['msg']}")
+        except (OSError, ValueError) as e:  # unreadable, or not JSON
+            return fail(f"--device-curve {args.device_curve}: {e}")
     load_rows = run_load_bench(devices=devices, out_json=load_out, progress=progress)
     print(format_load_report(load_rows))
     plot_load(load_rows, load_out.with_suffix(".png"))
@@ -188,6 +202,12 @@ def add_bench(sub: Subparsers) -> None:
         "--saturation", type=float, default=None,
         help="--virtual-clock: running sequences at which the saturating device's decode step stops being free "
         "(n_sat: a step costs max(1, running / n_sat); default 32)",
+    )
+    b.add_argument(
+        "--device-curve", default=None,
+        help="--virtual-clock: the load table on a measured device instead of the analytic ones: a JSON "
+        "DeviceCurve (batch_sizes, step_time_s, prefill and host costs; presto_ray/engines/device_curve.py); "
+        "time is then in seconds",
     )
     b.set_defaults(func=cmd_bench)
 

@@ -20,6 +20,7 @@ from presto_ray.chain import Chain
 from presto_ray.config import SamplerConfig
 from presto_ray.driver import run_chain
 from presto_ray.engines import ToyEngineConfig
+from presto_ray.engines.device_curve import DeviceCurve
 from presto_ray.engines.virtual_clock import ClockStats, VirtualClockEngine
 from presto_ray.output import write_json_atomic
 from presto_ray.results import SampleResult
@@ -280,8 +281,21 @@ LOAD_COLUMNS: Columns = [
 ]
 
 
+def measured_device(curve: DeviceCurve) -> dict[str, dict]:
+    """The load table's device for a measured curve (`--device-curve`): time in seconds."""
+    return {"measured": {"device": curve, "max_running": None}}
+
+
+def _device_costs(device: dict) -> dict:
+    """A device's settings as JSON (a measured curve as its fields)."""
+    return {k: v.model_dump(mode="json") if isinstance(v, DeviceCurve) else v for k, v in device.items()}
+
+
 def _saturation(device: dict) -> float | int | str:
-    """The device's saturation point for a row: its n_sat, or "none" (a batch free at any size)."""
+    """The device's saturation point for a row: its n_sat, "none" (a batch free at any size), or
+    "measured" (a measured curve's device: see its free batch in the row's device_costs)."""
+    if device.get("device") is not None:
+        return "measured"
     n_sat = device.get("saturation", float("inf"))
     if n_sat == float("inf"):
         return "none"
@@ -347,7 +361,7 @@ def run_load_bench(
             serial = runs["serial", False]
             for (name, early_rejection), run in runs.items():
                 rows.append({
-                    "device": device_name, "device_costs": device, "saturation": _saturation(device),
+                    "device": device_name, "device_costs": _device_costs(device), "saturation": _saturation(device),
                     "chains": chains, "schedule": name, "fixed_length": fixed_length,
                     "prefetch_budget": 1 if name == "serial" else budget, "mh_steps": mh_steps, "horizon": horizon,
                     "time": run["time"], "samples_per_kilostep": 1000 * chains / run["time"],
@@ -355,7 +369,8 @@ def run_load_bench(
                     "throughput_vs_serial": serial["time"] / run["time"], "mean_latency": run["latency"],
                     "generated_tokens": run["tokens"], "tokens_per_sample": run["tokens"] / chains,
                     "tokens_vs_serial": run["tokens"] / serial["tokens"], "max_running": run["max_running"],
-                    "same_as_serial": run["samples"] == serial["samples"], "clock": "virtual time",
+                    "same_as_serial": run["samples"] == serial["samples"],
+                    "clock": "virtual seconds on a measured device" if device.get("device") else "virtual time",
                 } | _techniques(configs[name, early_rejection]))  # fmt: skip
                 r = rows[-1]
                 progress(

@@ -19,6 +19,12 @@ and figures are exact and noise-free.
 
 The same engine serves rounds (`generate`: submit a batch, run until all of it ends) and
 streaming (`submit`, `abort`, `advance`), so schedules compare on one clock.
+
+A measured device (`device`: a DeviceCurve, presto_ray/engines/device_curve.py) replaces the
+analytic step: time is then in seconds, a decode step costs what was measured at its batch size,
+the prompt tokens a request does not read from the prefix cache cost `prefill_time_per_token_s`
+in the next step, and every event handed to a chain (or, in a batch call, every completion)
+costs the host `host_time_per_event_s`.
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from dataclasses import dataclass, field, replace
 from typing import Sequence
 
 from presto_ray.early_rejection import RejectionBound, RequestStop
+from presto_ray.engines.device_curve import DeviceCurve
 from presto_ray.engines.base import CallAccounting, Completion, Engine, EngineEvent, EngineOutput, ProposalRequest, Tokenizer
 from presto_ray.speculation import free_batch
 
@@ -78,6 +85,7 @@ class VirtualClockEngine:
         max_running: int | None = None,
         saturation: float = float("inf"),
         seconds_per_time_unit: float = 0.0,
+        device: DeviceCurve | None = None,
     ) -> None:
         if not saturation > 0:
             raise ValueError(f"saturation must be positive (inf: a batch free at any size), got {saturation}")
@@ -92,6 +100,8 @@ class VirtualClockEngine:
         # In an engine replica (`next_events`), virtual time also passes in wall time at this rate,
         # so that requests are in flight long enough to be raced, aborted or lost with the replica.
         self.seconds_per_time_unit = float(seconds_per_time_unit)
+        self.device = device
+        self._prefill_tokens = 0  # measured device: prompt tokens not cached, charged to the next step
         self.clock = ClockStats()
         self._handles = itertools.count()
         self._order = itertools.count()
@@ -109,6 +119,7 @@ class VirtualClockEngine:
         self._submitted.num_requests += 1
         self._submitted.prompt_tokens += output.accounting.prompt_tokens
         self._submitted.cached_prompt_tokens += output.accounting.cached_prompt_tokens
+        self._prefill_tokens += output.accounting.prompt_tokens - output.accounting.cached_prompt_tokens
         seq = _Sequence(next(self._handles), request, _stopped(full, request.rejection_bounds, 0), priority, full)
         completion = seq.completion
         if seq.remaining == 0:
@@ -161,6 +172,8 @@ class VirtualClockEngine:
 
     def step_time(self, running: int) -> float:
         """Virtual time of one decode step with `running` sequences (see the module doc)."""
+        if self.device is not None:
+            return self.device.step_time(running)
         return self.step_cost * max(1.0, running / self.saturation) + self.step_cost_per_sequence * running
 
     @property
@@ -168,7 +181,11 @@ class VirtualClockEngine:
         """Sequences the chains may share: where the batch stops being free. A CPU-like step
         (b > 0) holds `speculation.free_batch` (three lone steps); a saturating one at most
         `saturation`, past which every speculative token takes device time from the other chains'
-        needed ones; both capped by `max_running` (docs/benchmarks.md, the saturating device)."""
+        needed ones; both capped by `max_running` (docs/benchmarks.md, the saturating device). A
+        measured device holds what its curve does before a step costs three lone ones."""
+        if self.device is not None:
+            room = self.device.free_batch()
+            return min(room, self.max_running) if self.max_running is not None else room
         return min(free_batch(self.step_cost, self.step_cost_per_sequence, self.max_running), self.saturation)
 
     def live_handles(self) -> set[int]:
@@ -183,13 +200,16 @@ class VirtualClockEngine:
         """Run decode steps up to the next completion or wake point; the events that happened."""
         if self._finished:
             events, self._finished = self._finished, []
-            return events
+            return self._handed(events)
         if not self._running:
             return []
         steps = min(min([s.remaining, *(w - s.generated for w in s.wakes)]) for s in self._running.values())
         running = len(self._running)
         self.clock.decode_steps += steps
         self.clock.time += steps * self.step_time(running)
+        if self.device is not None:
+            self.clock.time += self._prefill_tokens * self.device.prefill_time_per_token_s
+            self._prefill_tokens = 0
         self.clock.generated_tokens += steps * running
         self.clock.max_running = max(self.clock.max_running, running)
         events = []
@@ -203,6 +223,12 @@ class VirtualClockEngine:
                 seq.wakes = {w for w in seq.wakes if w > seq.generated}
                 events.append(EngineEvent(seq.handle, seq.generated))
         self._admit()
+        return self._handed(events)
+
+    def _handed(self, events: list[EngineEvent]) -> list[EngineEvent]:
+        """A measured device: the host's time to hand `events` to their chains."""
+        if self.device is not None:
+            self.clock.time += len(events) * self.device.host_time_per_event_s
         return events
 
     async def next_events(self, timeout_s: float) -> list[EngineEvent]:
