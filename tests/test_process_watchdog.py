@@ -11,12 +11,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from presto_ray.process_watchdog import is_alive, process_tree, reap, start_time
+from waiting import wait_for
 
 REPO = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
@@ -32,18 +32,10 @@ time.sleep(120)
 """
 
 
-def _until(condition, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while not (value := condition()):
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
-    return value
-
-
 def _fake_driver(folder: Path) -> tuple[subprocess.Popen, Path, dict]:
     """The driver, its record once it lists the driver's sh and both sleeps, and that record."""
     driver = subprocess.Popen([sys.executable, "-c", FAKE_DRIVER, str(folder)], env={**os.environ, "PYTHONPATH": str(REPO)})
-    path = folder / f"{driver.pid}-{_until(lambda: start_time(driver.pid), 10, 'the driver')}.json"
+    path = folder / f"{driver.pid}-{wait_for(lambda: start_time(driver.pid), 10, 'the driver')}.json"
 
     def listed() -> dict | None:
         try:
@@ -52,7 +44,7 @@ def _fake_driver(folder: Path) -> tuple[subprocess.Popen, Path, dict]:
             return None
         return record if len(record.get("procs", [])) >= 3 else None  # sh, 2 x sleep
 
-    return driver, path, _until(listed, 30, "the watchdog's record")
+    return driver, path, wait_for(listed, 30, "the watchdog's record")
 
 
 def _kill(process: subprocess.Popen) -> None:
@@ -63,7 +55,7 @@ def _kill(process: subprocess.Popen) -> None:
 def test_tree_walk_finds_children_and_grandchildren_with_start_times():
     child = subprocess.Popen(["sh", "-c", "sleep 30 & sleep 30"])
     try:
-        tree = _until(lambda: t if len(t := process_tree(os.getpid())) >= 3 else None, 10, "the tree")
+        tree = wait_for(lambda: t if len(t := process_tree(os.getpid())) >= 3 else None, 10, "the tree")
         assert tree[child.pid] == start_time(child.pid) and all(is_alive((p, t)) for p, t in tree.items())
         assert not is_alive((child.pid, tree[child.pid] + 1)), "another process with a reused pid is not this one"
     finally:
@@ -75,8 +67,8 @@ def test_the_watchdog_stops_what_a_killed_driver_left(tmp_path):
     driver, path, record = _fake_driver(tmp_path)
     left = [(p, t) for p, t in record["procs"] if (p, t) != tuple(record["watchdog"])]
     _kill(driver)
-    _until(lambda: not any(map(is_alive, left)), 15, "the driver's leftovers to stop")
-    _until(lambda: not is_alive(record["watchdog"]), 15, "the watchdog to exit")
+    wait_for(lambda: not any(map(is_alive, left)), 15, "the driver's leftovers to stop")
+    wait_for(lambda: not is_alive(record["watchdog"]), 15, "the watchdog to exit")
     assert not path.exists(), "the watchdog removes its record"
 
 
@@ -87,7 +79,7 @@ def test_the_next_run_reaps_what_a_killed_driver_and_watchdog_left(tmp_path):
     left = [(p, t) for p, t in record["procs"] if is_alive((p, t))]
     assert len(left) >= 3, "sh and its sleeps outlive their driver"
     assert reap(tmp_path) >= 3
-    _until(lambda: not any(map(is_alive, left)), 10, "the reaped processes to go")
+    wait_for(lambda: not any(map(is_alive, left)), 10, "the reaped processes to go")
     assert not path.exists() and reap(tmp_path) == 0
 
 
@@ -117,17 +109,30 @@ def test_a_killed_in_process_vllm_job_leaves_no_process_behind(tmp_path):
         seen.update(process_tree(driver.pid))
         return "0/16 samples" in log.read_text(errors="replace")
 
-    _until(sampling, 240, "the engine to start")
-    time.sleep(2.0)  # sampling (a vLLM killed during its start-up stops by itself)
+    wait_for(sampling, 240, "the engine to start")
+    # killed while it samples (a vLLM killed during its start-up stops by itself): the tree has
+    # spent another CPU second since the engine started
+    started = _cpu_seconds(seen)
+    wait_for(lambda: _cpu_seconds(seen) >= started + 1.0, 60, "the engine to sample (a CPU second)")
     seen.update(process_tree(driver.pid))
     assert driver.poll() is None, "killed mid-job"
     _kill(driver)
     assert len(seen) >= 3, seen  # the watchdog, EngineCore, its worker (and a resource tracker)
     left = lambda: [(p, _cmdline(p)) for p, t in seen.items() if start_time(p) == t]  # noqa: E731
-    deadline = time.monotonic() + 30
-    while left() and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not left(), f"processes outlived the killed driver: {left()}"
+    wait_for(lambda: not left(), 30, f"no process of the killed driver's tree left (it had {sorted(seen)})", interval_s=0.2)
+
+
+def _cpu_seconds(processes: dict[int, int]) -> float:
+    """User and system CPU time of those (pid, start time) still running, in seconds."""
+    ticks = 0
+    for pid, started in processes.items():
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+        except OSError:
+            continue
+        if int(fields[19]) == started:  # fields from the state (field 3) on: utime 14, stime 15, starttime 22
+            ticks += int(fields[11]) + int(fields[12])
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def _cmdline(pid: int) -> str:

@@ -114,13 +114,31 @@ def test_validate_refuses_a_serial_config_and_bad_margins(toy_config, tmp_path, 
     assert not (tmp_path / "x.json").exists()
 
 
-def test_faulty_kernel_drops_only_the_cut_correction():
+@pytest.mark.parametrize("sampler", ["power_mh", "multi_try"])
+def test_the_faulty_kernel_ratio_is_the_kernels_without_the_length_correction(sampler):
+    """One MH step whose proposal shortens the state (|x| = 4, |y| = 3): the faulty kernel's log
+    ratio is the kernel's less log P(c | y) - log P(c | x) = log|x| - log|y|, everything else (the
+    weights, MultiTryMH's selected try) the same, so it rejects where the kernel accepts."""
+    from presto_ray.engines.base import Completion
+    from presto_ray.keys import StepKeys
     from presto_ray.kernels import build_kernel
+    from presto_ray.state import ChainState
 
-    config = SamplerConfig(alpha=2.0)
-    assert faulty_kernel(config).cut_correction(None, 0, None) == 0.0
-    assert type(build_kernel(config)).cut_correction is not type(faulty_kernel(config)).cut_correction
-    assert faulty_kernel(SamplerConfig(sampler="multi_try", num_tries=2)).num_tries == 2
+    config = SamplerConfig(alpha=2.0, sampler=sampler, num_tries=2)
+    state = ChainState((4, 5, 6, 7), np.log([0.5, 0.4, 0.3, 0.2]), np.log([0.6, 0.5, 0.4, 0.3]))
+    tries = [Completion((0,), np.log([0.01]), np.log([0.4]), "stop")] * config.num_tries  # an unlikely EOS
+    cut, length_correction = 2, np.log(4) - np.log(3)
+
+    def step(kernel, accept_uniform):
+        return kernel.transition(state, cut, tries, StepKeys(0.5, accept_uniform, 1, 0.5))
+
+    ratio = step(build_kernel(config), 0.5).log_ratio
+    v = float(np.exp(ratio - length_correction / 2))  # between the kernel's ratio and the faulty one's
+    assert 0 < v < 1
+    right, wrong = step(build_kernel(config), v), step(faulty_kernel(config), v)
+    assert wrong.log_ratio == pytest.approx(right.log_ratio - length_correction, abs=1e-12)
+    assert right.accepted and right.state.tokens == (4, 5, 0)
+    assert not wrong.accepted and wrong.state is state
 
 
 # --- the real model ----------------------------------------------------------------------
@@ -130,12 +148,20 @@ def test_validate_on_vllm_completes_and_writes_its_table(vllm_engine, tmp_path):
     prompts = [("capital", tok.encode("What is the capital of France?")), ("count", tok.encode("Count to five."))]
     config = SamplerConfig(alpha=4.0, block_size=8, mh_steps=2, prefetch_budget=4, traversal="predictive", seed=3)
     report = run_validation(LocalBackend(vllm_engine), prompts, config, chains_per_prompt=2)
-    assert len(report.samples["serial"]) == len(report.samples["prefetch"]) == 4
-    assert all(0 < s["length"] <= 8 and s["mean_logp0"] < 0 for s in report.samples["serial"])
+    serial, prefetch = report.samples["serial"], report.samples["prefetch"]
+    assert len(serial) == len(prefetch) == 4
+    assert all(0 < s["length"] <= 8 and s["mean_logp0"] < 0 for s in serial + prefetch)
+    rows = {r["statistic"]: r for r in report.rows}
+    assert list(rows) == list(STATISTICS)
+    for name, row in rows.items():  # the table's figures are the samples' means
+        assert row["mean_serial"] == pytest.approx(np.mean([s[name] for s in serial]))
+        assert row["mean_prefetch"] == pytest.approx(np.mean([s[name] for s in prefetch]))
+    # 4 samples a side show no difference (the sampler is exact) and cannot show equivalence either
+    assert report.verdict == "equivalence not shown" and not report.equivalent
     out = tmp_path / "validate.json"
     out.write_text(json.dumps(report.to_json()))
-    assert isinstance(json.loads(out.read_text())["equivalent"], bool)
-    assert report.table().count("\n") == 1 + len(STATISTICS)
+    assert json.loads(out.read_text())["verdict"] == "equivalence not shown"
+    assert [line.split("|")[1].strip() for line in report.table().splitlines()[2:]] == list(STATISTICS)
 
 
 # --- on Ray --------------------------------------------------------------------------------
