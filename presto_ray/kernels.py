@@ -109,7 +109,7 @@ class PowerMHKernel:
     """Suffix proposal y = x[:c] + s, s ~ q_tau, targeting p0**alpha.
 
     `tau` (the proposal temperature) enables the clamped ratio and `rejection_bound` where
-    1/alpha <= tau <= 1; without it the ratio is computed as it always was.
+    1/alpha <= tau <= 1; without it the ratio is the plain difference of log weights.
     """
 
     num_tries = 1

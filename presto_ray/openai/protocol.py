@@ -289,7 +289,7 @@ class ChatDelta(BaseModel):
     content: str | None = None
 
     @model_serializer
-    def _present_only(self) -> dict[str, Any]:  # dict[str, Any]: the schema says any properties, as before
+    def _present_only(self) -> dict[str, Any]:  # dict[str, Any]: the schema says any properties
         # a progress chunk's delta is {}, as OpenAI sends a delta that adds nothing
         return {k: v for k, v in (("role", self.role), ("content", self.content)) if v is not None}
 
