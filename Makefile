@@ -1,7 +1,7 @@
 # Two commands do all set-up on a fresh machine (see README):
 #   make sample   create .venv, install, run the main job (vLLM on the CPU, SmolLM2-135M)
 #   make test     create .venv, install, check layers and types, run the whole test suite
-#   make test-fast  the same checks and the tests without vLLM or Ray (a few minutes)
+#   make test-fast  the same checks and the tests without vLLM, Ray or the slow statistical ones
 VENV ?= .venv
 PYTHON ?= python3
 STAMP := $(VENV)/.installed
@@ -33,9 +33,10 @@ lint: $(STAMP)
 test: lint
 	$(VENV)/bin/python -m pytest -q --durations=15
 
-# No vLLM and no Ray: the core, the policies, the books, the HTTP contract, the toy engine.
+# No vLLM, no Ray and not the slow statistical tests (exact laws over thousands of chains; `make
+# test` runs them): the core, the policies, the books, the HTTP contract, the toy engine.
 test-fast: lint
-	$(VENV)/bin/python -m pytest -q --durations=10 -m "not vllm and not ray"
+	$(VENV)/bin/python -m pytest -q --durations=10 -m "not vllm and not ray and not slow"
 
 bench: $(STAMP)
 	$(VENV)/bin/presto-ray bench --out bench/results/toy.json
