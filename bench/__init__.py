@@ -9,7 +9,10 @@
   coordinator, one engine replica) against the same job in-process, per number of concurrent
   chains, and the batching policy's effect (`presto-ray bench-ray`).
 - `ray_data`: the Ray Data job's rows per second and engine calls, and its driver's memory.
-- `table`: the plain-text tables all three print.
-- `commands`: the five benchmark subcommands of `presto-ray` (bench, bench-real, bench-coordinator,
-  bench-ray, load-test): their arguments and handlers, registered by presto_ray/cli.
+- `virtual_clock`, `early_rejection`, `coordinator_rate`, `load_test` (with `load_clients` and
+  `service_watch`), `plots`: the virtual-clock tables, the early-rejection replay, the
+  coordinator's rate, the HTTP load test and soak, the shared plot helper.
+- Their subcommands (bench, bench-real, bench-ray, bench-coordinator, load-test,
+  bench-early-rejection) are the command line's: presto_ray/cli/bench.py. Nothing here imports
+  the command line.
 """

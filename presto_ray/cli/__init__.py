@@ -1,7 +1,7 @@
 """The `presto-ray` command line: `sample` (the main job), `validate`, `eval`, `grade`, `model`, `serve` and the
 benchmarks. The one composition root of the library: its command modules import the layers above
-(`deployments`, `actors`) only inside the commands that need them, and the benchmark commands are
-registered from `bench/commands.py`.
+(`deployments`, `actors`, `bench`) only inside the commands that need them, and nothing imports
+the command line back (an import-linter contract).
 
     __init__   main, the parser assembled from each module's COMMANDS
     common     messages and exit statuses, the job config with overrides, comma-separated integers
@@ -10,6 +10,7 @@ registered from `bench/commands.py`.
     grade      grade (completions made anywhere, against a benchmark dataset: presto_ray/tasks/)
     model      model (the packaged SmolLM2)
     serve      serve (Ray Serve: deployments/serve_app.py)
+    bench      the benchmark commands (each imports its benchmark from bench/ when it runs)
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ ORDER = ("sample", "model", "bench", "bench-real", "serve", "validate", "eval", 
 
 
 def _registrars() -> dict[str, Callable[[Subparsers], None]]:
-    from bench import commands as bench_commands  # the benchmarks' arguments live beside them
+    from presto_ray.cli import bench as bench_commands  # light: each command imports its benchmark when it runs
 
     return {**sample.COMMANDS, **model.COMMANDS, **serve.COMMANDS, **check.COMMANDS, **grade.COMMANDS, **bench_commands.COMMANDS}
 

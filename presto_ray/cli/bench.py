@@ -1,6 +1,7 @@
 """The benchmark subcommands of `presto-ray`: bench, bench-real, bench-coordinator, bench-ray,
-load-test, bench-early-rejection. Their arguments and handlers live here, beside the benchmarks; the command line
-(presto_ray/cli) registers them through `COMMANDS` when it builds its parser.
+load-test, bench-early-rejection: their arguments and handlers, registered through `COMMANDS` when
+the command line builds its parser. The benchmarks themselves are the `bench` package, a layer
+above the library that never imports the command line back.
 
 Light to import: each handler imports its benchmark (numpy, vLLM, Ray, httpx) only when it runs.
 """
