@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from presto_ray.tasks.code import Limits, describe_sandbox, grade, os_boundary, problem_from_row, run_program
+from presto_ray.tasks.code import grade, problem_from_row
+from presto_ray.tasks.sandbox import Limits, describe_sandbox, os_boundary, run_program
 
 LIMITS = Limits(timeout_s=3.0)
 ROW = {
@@ -264,10 +265,10 @@ def test_the_python_guards_cover_posix_and_io(tmp_path):
 def test_without_namespaces_the_fallback_still_grades(monkeypatch):
     """Where no namespace can be made (a container without CAP_SYS_ADMIN: unshare fails), samples
     still run: as their own uid where the interpreter is reachable by other users, else guarded."""
-    from presto_ray.tasks import code
+    from presto_ray.tasks import sandbox
 
-    monkeypatch.setattr(code, "_HARNESS", code._HARNESS.replace("if libc.unshare(flags) == 0:", "if False:"))
-    result, report = code._run("import os\nraise Exception(os.getpid() != 1)\n", LIMITS)
+    monkeypatch.setattr(sandbox, "HARNESS", sandbox.HARNESS.replace("if libc.unshare(flags) == 0:", "if False:"))
+    result, report = sandbox._run("import os\nraise Exception(os.getpid() != 1)\n", LIMITS)
     assert report["held"] == [] and result.detail == "Exception: True", (result, report)
     assert grade(PROBLEM, "    return sum(xs)\n", LIMITS).correct
     assert not grade(PROBLEM, "    return 0\n\nimport os\nos._exit(0)\n", LIMITS).correct

@@ -11,7 +11,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from presto_ray.tasks.code import Limits, grade, os_boundary, problem_from_row, program, run_program
+from presto_ray.tasks.code import grade, problem_from_row, program
+from presto_ray.tasks.sandbox import Limits, os_boundary, run_program
 
 LIMITS = Limits(timeout_s=2.0)
 # the sandbox's two modes; where the grader is not root both are the Python-level one

@@ -27,7 +27,7 @@ def cmd_grade(args: argparse.Namespace) -> int:
 
     from presto_ray.output import write_json_atomic
     from presto_ray.tasks import DatasetError, Limits, grade, load_dataset, read_completions
-    from presto_ray.tasks.code import MIN_MEMORY_MB, describe_sandbox
+    from presto_ray.tasks.sandbox import MIN_MEMORY_MB, describe_sandbox
     from presto_ray.tasks.report import GradedSample, grade_report, shown_ks
 
     if args.timeout <= 0:

@@ -16,7 +16,7 @@ and its task's `Grader` are what `presto-ray eval` needs to run its methods.
 """
 
 from presto_ray.tasks.base import DatasetError, Grade, Grader, Problem
-from presto_ray.tasks.code import Limits
+from presto_ray.tasks.sandbox import Limits
 from presto_ray.tasks.datasets import Completion, Dataset, load_dataset, read_completions
 from presto_ray.tasks.registry import TASKS, grade, grader
 

@@ -8,9 +8,10 @@ from functools import partial
 from typing import Callable
 
 from presto_ray.tasks import arithmetic, code, gsm8k, math, mcq
+from presto_ray.tasks.sandbox import Limits
 from presto_ray.tasks.base import Grade, Grader, Problem
 
-GraderFor = Callable[[code.Limits], Grader]  # the grader under the code sandbox's limits
+GraderFor = Callable[[Limits], Grader]  # the grader under the code sandbox's limits
 
 
 def _plain(grade: Callable[[Problem, str], Grade]) -> GraderFor:
@@ -18,7 +19,7 @@ def _plain(grade: Callable[[Problem, str], Grade]) -> GraderFor:
     return lambda _limits: Grader(grade)
 
 
-def _sandboxed(limits: code.Limits) -> Grader:
+def _sandboxed(limits: Limits) -> Grader:
     """Code runs each completion's tests in its own subprocess: many may run at once."""
     return Grader(partial(code.grade, limits=limits), concurrent=True)
 
@@ -46,11 +47,11 @@ TASKS: dict[str, TaskSpec] = {
 GRADERS: dict[str, GraderFor] = {arithmetic.NAME: _plain(arithmetic.grade), **{n: s.grader for n, s in TASKS.items()}}
 
 
-def grader(task: str, limits: code.Limits = code.Limits()) -> Grader:
+def grader(task: str, limits: Limits = Limits()) -> Grader:
     """The grader of `task` (`limits`: code's sandbox)."""
     return GRADERS[task](limits)
 
 
-def grade(problem: Problem, completion: str, limits: code.Limits = code.Limits()) -> Grade:
+def grade(problem: Problem, completion: str, limits: Limits = Limits()) -> Grade:
     """Grade one completion of `problem` by its task's grader (`limits`: code's sandbox)."""
     return grader(problem.task, limits)(problem, completion)
