@@ -9,7 +9,8 @@
   coordinator, one engine replica) against the same job in-process, per number of concurrent
   chains, and the batching policy's effect (`presto-ray bench-ray`).
 - `ray_data`: the Ray Data job's rows per second and engine calls, and its driver's memory.
-- `virtual_clock`, `early_rejection`, `coordinator_rate`, `load_test` (with `load_clients` and
+- `virtual_clock` (one chain per device, latency) and `virtual_clock_load` (many chains on one
+  device, analytic or measured), `early_rejection`, `coordinator_rate`, `load_test` (with `load_clients` and
   `service_watch`), `plots`: the virtual-clock tables, the early-rejection replay, the
   coordinator's rate, the HTTP load test and soak, the shared plot helper.
 - Their subcommands (bench, bench-real, bench-ray, bench-coordinator, load-test,

@@ -152,7 +152,7 @@ def test_the_free_batch_a_saturating_device_reports_is_its_saturation_point():
 
 
 def test_many_chains_take_longer_on_a_saturating_device_with_the_same_samples():
-    from bench.virtual_clock import _load_run
+    from bench.virtual_clock_load import _load_run
     from presto_ray.config import SamplerConfig
 
     config = SamplerConfig(block_size=12, mh_steps=3, prefetch_budget=4, fixed_length=True)
@@ -171,7 +171,7 @@ def test_many_chains_take_longer_on_a_saturating_device_with_the_same_samples():
 def test_load_bench_rows_carry_saturation_and_the_serial_samples(tmp_path):
     import json
 
-    from bench.virtual_clock import format_load_report, plot_load, run_load_bench
+    from bench.virtual_clock_load import format_load_report, plot_load, run_load_bench
 
     devices = {"free": {}, "sat": {"saturation": 3}}
     rows = run_load_bench(

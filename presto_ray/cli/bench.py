@@ -46,17 +46,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _bench_virtual_clock(args: argparse.Namespace) -> int:
-    from bench.virtual_clock import (
-        format_latency_report,
-        format_load_report,
-        format_report,
-        load_devices,
-        plot,
-        plot_load,
-        run_latency_bench,
-        run_load_bench,
-        run_virtual_clock_bench,
-    )
+    from bench.virtual_clock import format_latency_report, format_report, plot, run_latency_bench, run_virtual_clock_bench
+    from bench.virtual_clock_load import format_load_report, load_devices, plot_load, run_load_bench
 
     out = args.out or "bench/results/virtual_clock.json"
     if args.saturation is not None and not args.saturation > 0:
@@ -79,7 +70,7 @@ def _bench_virtual_clock(args: argparse.Namespace) -> int:
     if args.device_curve is not None:
         from pydantic import ValidationError
 
-        from bench.virtual_clock import measured_device
+        from bench.virtual_clock_load import measured_device
         from presto_ray.engines.device_curve import DeviceCurve
 
         try:
