@@ -1,15 +1,18 @@
-"""The engine contract, run on every engine: the exact toy model and vLLM with a real model."""
+"""The engine contract, run on every engine: the exact toy model, and vLLM and transformers with a
+real model."""
 
 import numpy as np
 import pytest
 
 from presto_ray.engines.base import Engine, ProposalRequest
 from presto_ray.engines.toy import ToyEngine
+from transformers_helpers import hf_reference, module_engine
 
 # Per-token tolerance on log-probabilities against the reference. The toy engine is compared with
-# its own exact tables; vLLM (fp32, CPU) with transformers on the same weights, where the two
-# implementations differ only by float32 round-off (measured below 1e-4).
-TOLERANCE = {"toy": 1e-9, "vllm": 2e-3}
+# its own exact tables; vLLM and the transformers engine (fp32, CPU) with transformers' own forward
+# on the same weights, where the implementations differ only by float32 round-off (measured below
+# 1e-4).
+TOLERANCE = {"toy": 1e-9, "vllm": 2e-3, "transformers": 1e-3}
 
 
 def toy_reference(engine):
@@ -40,14 +43,34 @@ def vllm_scoring_pass_engine(vllm_engine):
     engine.shutdown()
 
 
+@pytest.fixture(scope="module")
+def transformers_engine():
+    """The transformers engine on SmolLM2 on the CPU (batch-invariant, the CPU default)."""
+    yield from module_engine()
+
+
+@pytest.fixture(scope="module")
+def transformers_reference(transformers_engine):
+    return hf_reference(transformers_engine.model_dir)
+
+
 @pytest.fixture(
-    params=["toy", pytest.param("vllm", marks=pytest.mark.vllm), pytest.param("vllm-scoring-pass", marks=pytest.mark.vllm)]
+    params=[
+        "toy",
+        pytest.param("vllm", marks=pytest.mark.vllm),
+        pytest.param("vllm-scoring-pass", marks=pytest.mark.vllm),
+        pytest.param("transformers", marks=pytest.mark.transformers),
+    ]
 )
 def setup(request):
     """(name, engine, reference log-probabilities, a prompt of real tokens)."""
     if request.param == "toy":
         engine = ToyEngine(vocab_size=24, eos_token_id=0, seed=4, logit_scale=2.0, eos_bias=-1.0)
         return "toy", engine, toy_reference(engine), (1, 2, 5, 7)
+    if request.param == "transformers":
+        engine = request.getfixturevalue("transformers_engine")
+        prompt = tuple(engine.tokenizer.encode("What is the capital of France?"))
+        return "transformers", engine, request.getfixturevalue("transformers_reference"), prompt
     engine = request.getfixturevalue("vllm_engine" if request.param == "vllm" else "vllm_scoring_pass_engine")
     prompt = tuple(engine.tokenizer.encode("What is the capital of France?"))
     return "vllm", engine, request.getfixturevalue("hf_reference"), prompt
@@ -156,7 +179,12 @@ def toy_engine():
 
 @pytest.mark.parametrize(
     "engine_fixture",
-    ["toy_engine", pytest.param("vllm_engine", marks=pytest.mark.vllm), pytest.param("vllm_scoring_pass_engine", marks=pytest.mark.vllm)],
+    [
+        "toy_engine",
+        pytest.param("vllm_engine", marks=pytest.mark.vllm),
+        pytest.param("vllm_scoring_pass_engine", marks=pytest.mark.vllm),
+        pytest.param("transformers_engine", marks=pytest.mark.transformers),
+    ],
 )
 def test_a_streamed_request_completes_as_the_batch_path_does(request, engine_fixture):
     """The streaming form (base.StreamingEngine) gives the batch path's completion: on vLLM it takes
