@@ -14,6 +14,7 @@ cache is keyed by all of them (a rolling hash per prefix length, every hit check
 from __future__ import annotations
 
 import itertools
+import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Sequence
@@ -129,10 +130,12 @@ class _Entry:
 
 class PrefixCache:
     """KV of earlier sequences by token ids, least recently used first out, at most
-    `capacity_tokens` positions in all (0: off)."""
+    `capacity_tokens` positions in all (0: off). Thread-safe: the batch path and streaming forms
+    of one engine share it."""
 
     def __init__(self, capacity_tokens: int) -> None:
         self.capacity_tokens = capacity_tokens
+        self._lock = threading.Lock()
         self.tokens = 0
         self._entries: OrderedDict[int, _Entry] = OrderedDict()
         self._index: dict[int, int] = {}  # prefix hash -> id of the newest entry holding that prefix
@@ -143,9 +146,13 @@ class PrefixCache:
 
     def lookup(self, tokens: Sequence[int], limit: int) -> tuple[torch.Tensor | None, int]:
         """The KV of the longest cached prefix of tokens[:limit] and its length ((None, 0): none)."""
-        if not self._entries or limit <= 0:
+        if limit <= 0:
             return None, 0
         hashes = prefix_hashes(tokens, limit)
+        with self._lock:
+            return self._lookup(tokens, hashes)
+
+    def _lookup(self, tokens: Sequence[int], hashes: list[int]) -> tuple[torch.Tensor | None, int]:
         for length in range(len(hashes), 0, -1):
             entry_id = self._index.get(hashes[length - 1])
             if entry_id is None:
@@ -162,10 +169,14 @@ class PrefixCache:
         tokens = tuple(tokens)
         if not tokens or len(tokens) > self.capacity_tokens:
             return
-        _, held = self.lookup(tokens, len(tokens))
+        hashes = prefix_hashes(tokens, len(tokens))
+        with self._lock:
+            self._insert(tokens, kv, hashes)
+
+    def _insert(self, tokens: tuple[int, ...], kv: torch.Tensor, hashes: list[int]) -> None:
+        _, held = self._lookup(tokens, hashes)
         if held == len(tokens):
             return  # already held in full (now the most recent)
-        hashes = prefix_hashes(tokens, len(tokens))
         entry_id = next(self._ids)
         replaced = {self._index[h] for h in hashes if h in self._index}
         self._entries[entry_id] = _Entry(tokens, kv, hashes)
@@ -180,9 +191,10 @@ class PrefixCache:
             self._remove(next(iter(self._entries)))
 
     def clear(self) -> None:
-        self._entries.clear()
-        self._index.clear()
-        self.tokens = 0
+        with self._lock:
+            self._entries.clear()
+            self._index.clear()
+            self.tokens = 0
 
     def _remove(self, entry_id: int) -> None:
         entry = self._entries.pop(entry_id)
