@@ -3,7 +3,8 @@ only; the other commands' JobConfig does not know it).
 
     eval:
       best_of_n: 4          # candidates per best_of_n answer
-      samples: 1            # answers per problem of the sampling methods (pass@k up to this)
+      samples: 1            # answers per problem and seed of the sampling methods (pass@k up to seeds x samples)
+      seeds: 1              # eval seeds: every method runs with each (seed, seed + 1, ...); --seeds
       prompts:              # one template per task; `{question}` is the problem's text
         math:
           template: "{question}\\n\\nPlease reason step by step, and put your final answer within \\\\boxed{}."
@@ -12,10 +13,14 @@ only; the other commands' JobConfig does not know it).
           chat: false       # the code is continued as it is, not wrapped in the chat template
 
 The default templates are the tasks' own instructions (presto_ray/tasks/), so a default eval
-asks what `Problem.prompt` says.
+asks what `Problem.prompt` says. A GPU-sized config (configs/eval_math500.yaml, the field's
+reference budget) may carry `quick:`, what `presto-ray eval --quick` changes to run it on a small
+machine (`QuickScale`): the engine section, sampler fields, top-level job fields, the problems.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -74,6 +79,28 @@ class EvalPrompts(BaseModel):
         return prompt
 
 
+class QuickScale(BaseModel):
+    """`presto-ray eval --quick`: the config scaled to a small machine. Each field replaces what it
+    names; what it leaves out (alpha, the method list, the templates ...) stays as configured."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    engine: dict[str, Any] | None = Field(None, description="The whole engine section that replaces the config's (e.g. vLLM on the CPU with the embedded model).")
+    sampler: dict[str, Any] = Field(default_factory=dict, description="Sampler fields replaced (block_size, num_blocks, mh_steps, prefetch_budget ...).")
+    job: dict[str, Any] = Field(default_factory=dict, description="Top-level job fields replaced (max_active_chains ...).")
+    n: int | None = Field(None, ge=1, description="The first n problems of --dataset (an explicit --n wins).")
+    best_of_n: int | None = Field(None, ge=1, le=1024, description="best_of_n's candidates.")
+    samples: int | None = Field(None, ge=1, le=1024, description="Answers per problem and seed.")
+    seeds: int | None = Field(None, ge=1, le=1024, description="Eval seeds (an explicit --seeds wins).")
+
+    @field_validator("sampler", "job")
+    @classmethod
+    def _no_sections(cls, fields: dict[str, Any]) -> dict[str, Any]:
+        if "eval" in fields or "engine" in fields or "sampler" in fields:
+            raise ValueError("names fields of its own section only (engine, sampler and eval fields go in their own keys)")
+        return fields
+
+
 class EvalConfig(BaseModel):
     """`presto-ray eval`: the prompts, best_of_n's candidates, the answers per problem, the grader's limits."""
 
@@ -87,8 +114,13 @@ class EvalConfig(BaseModel):
     )
     samples: int = Field(
         1, ge=1, le=1024,
-        description="Answers per problem of temperature_1, low_temperature, best_of_n and power (pass@k for k up "
-        "to this); greedy is deterministic and answers once.",
+        description="Answers per problem and seed of temperature_1, low_temperature, best_of_n, power and "
+        "best_of_n_matched (pass@k for k up to seeds x samples); greedy is deterministic and answers once.",
+    )
+    seeds: int = Field(
+        1, ge=1, le=1024,
+        description="Eval seeds: every method runs with seed, seed + 1, ..., seed + seeds - 1 (each seed's answers "
+        "are a one-seed run's with that seed); pass@1 is the mean over seeds, with its spread; greedy answers once.",
     )
     batch_size: int = Field(
         64, ge=1, le=100_000,
@@ -97,6 +129,7 @@ class EvalConfig(BaseModel):
     )
     grade_timeout_s: float = Field(5.0, gt=0.0, le=3600.0, description="humaneval: seconds per sample's tests.")
     grade_memory_mb: int = Field(1024, ge=64, le=1_048_576, description="humaneval: address space per sample.")
+    quick: QuickScale | None = Field(None, description="What `presto-ray eval --quick` changes to run a GPU-sized config on a small machine.")
 
     def prompt(self, task: str, question: str) -> tuple[str, bool]:
         """The prompt text for `question` of `task`, and whether it goes through the chat template."""

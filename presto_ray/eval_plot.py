@@ -10,8 +10,10 @@ if TYPE_CHECKING:
 
 
 def plot_report(report: EvalReport, path: str) -> None:
-    """Accuracy against tokens spent per problem (one point per method, 95% Wilson error bars), and
-    the mean log p0 per answer token (matplotlib, Agg)."""
+    """Accuracy (pass@1: the mean over answers and seeds) against the tokens each method spent per
+    problem and seed (one point per method, its 95% Wilson interval counted over problems; the
+    legend gives the paired test's p-value against power where power ran), and the mean log p0
+    per answer token (matplotlib, Agg)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -27,18 +29,21 @@ def plot_report(report: EvalReport, path: str) -> None:
         twins = sum(abs(x - other) <= 0.01 * max(x, 1.0) for other in seen)  # same cost: dodge a little
         seen.append(x)
         err = [[max(0.0, y - m["ci_low"])], [max(0.0, m["ci_high"] - y)]]
-        left.errorbar([x * 1.04**twins], [y], yerr=err, fmt="o", capsize=4, color=colors(k), label=m["name"])
+        test = m.get("paired_vs_power")
+        label = m["name"] + (f" (p = {test['p_value']:.2g} vs power)" if test else "")
+        left.errorbar([x * 1.04**twins], [y], yerr=err, fmt="o", capsize=4, color=colors(k), label=label)
     if methods and min(m["generated_tokens_per_problem"] for m in methods) > 0:
         left.set_xscale("log")
         plain = FuncFormatter(lambda value, _: f"{value:g}")
         left.xaxis.set_major_formatter(plain)
         left.xaxis.set_minor_formatter(plain)
         left.tick_params(axis="x", which="minor", labelsize=7)
-    left.set_xlabel("tokens generated per problem (every candidate and proposal)")
-    left.set_ylabel("accuracy (95% Wilson CI)")
+    seeds = len(getattr(report, "seeds", None) or [None])
+    left.set_xlabel("tokens generated per problem" + (" and seed" if seeds > 1 else "") + " (every candidate and proposal)")
+    left.set_ylabel("pass@1" + (f", mean over {seeds} seeds" if seeds > 1 else "") + " (95% Wilson CI)")
     left.set_ylim(-0.02, 1.02)
-    left.legend(fontsize=8, loc="upper left")
-    left.set_title(f"{report.task}, {report.problems} problems")
+    left.legend(fontsize=7, loc="upper left")
+    left.set_title(f"{report.task}, {report.problems} problems" + (f" x {seeds} seeds" if seeds > 1 else ""))
     left.grid(alpha=0.3)
     names = [m["name"] for m in methods]
     right.bar(names, [m["mean_logp0_per_token"] for m in methods], color=[colors(k) for k in range(len(methods))])

@@ -13,7 +13,7 @@ import pytest
 from presto_ray.backend import LocalBackend
 from presto_ray.cli import main
 from presto_ray.config import SamplerConfig
-from presto_ray.engines.base import CallAccounting, Completion, EngineOutput
+from presto_ray.engines.base import CallAccounting, Completion, EngineOutput, ProposalRequest
 from presto_ray.engines.toy import ToyEngine, ToyTokenizer
 from presto_ray.eval_config import EvalConfig, EvalPrompts
 from presto_ray.eval_methods import METHODS, method_seed
@@ -244,12 +244,15 @@ def test_generated_tokens_are_what_the_engine_generated(method):
     config = SamplerConfig(alpha=4.0, block_size=10, num_blocks=2, mh_steps=4, prefetch_budget=4, schedule="rounds", seed=2)
     report = run_eval(LocalBackend(engine), arithmetic_problems(4, seed=1), config, methods=[method],
                       eval_config=EvalConfig(samples=2, best_of_n=3, batch_size=5))  # fmt: skip
-    m = report.methods[0]
-    assert engine.generated > 0
-    assert m["generated_tokens"] == m["engine_generated_tokens"] == engine.generated
-    assert m["generated_tokens_per_problem"] == engine.generated / 4
+    by = {m["name"]: m for m in report.methods}
+    m = by[method]
+    # best_of_n_matched runs power first (its budget): the engine generated both methods' tokens
+    mine = engine.generated - (by["power"]["engine_generated_tokens"] if method == "best_of_n_matched" else 0)
+    assert mine > 0
+    assert m["generated_tokens"] == m["engine_generated_tokens"] == mine
+    assert m["generated_tokens_per_problem"] == mine / 4
     per_answer = [a["generated_tokens"] for a in report.answers[method]]
-    assert sum(per_answer) == engine.generated
+    assert sum(per_answer) == mine
     if method == "power":  # rejected proposals cost tokens that are not in the answer
         assert sum(per_answer) > sum(a["tokens"] for a in report.answers[method])
         assert m["chain_stats"]["generated_tokens"] == engine.generated and 0 <= m["acceptance_rate"] <= 1
@@ -377,3 +380,172 @@ def test_eval_on_vllm_completes(vllm_engine):
     # greedy decoding is deterministic: the same request again gives the same text
     again = run_eval(LocalBackend(vllm_engine), arithmetic_problems(2, seed=0), config, methods=["greedy"])
     assert [a["text"] for a in again.answers["greedy"]] == [a["text"] for a in greedy]
+
+
+# --- compute-matched best-of-n, seeds, paired tests, the field's budgets (issue 32, items 3-5) ---
+SMALL = SamplerConfig(alpha=4.0, block_size=8, num_blocks=2, mh_steps=3, prefetch_budget=4, seed=3)
+
+
+def test_best_of_n_matched_spends_powers_tokens_per_answer_and_picks_the_likeliest_per_token():
+    from presto_ray.eval_methods import MAX_MATCHED_CANDIDATES
+
+    problems = arithmetic_problems(5, seed=4)
+    engine = CountingEngine(ToyEngine(**TOY))
+    report = run_eval(LocalBackend(engine), problems, SMALL, methods=["best_of_n_matched"],  # power runs first: the budget
+                      eval_config=EvalConfig(samples=2))  # fmt: skip
+    assert [m["name"] for m in report.methods] == ["power", "best_of_n_matched"]
+    power = {(a["problem_id"], a["sample"]): a for a in report.answers["power"]}
+    horizon = SMALL.horizon
+    for a in report.answers["best_of_n_matched"]:
+        budget, tokens = power[(a["problem_id"], a["sample"])]["generated_tokens"], [c["tokens"] for c in a["candidates"]]
+        assert 1 <= len(tokens) < MAX_MATCHED_CANDIDATES
+        # candidates until their tokens reach power's: every one but the last was drawn under the budget
+        assert sum(tokens) >= budget > sum(tokens[:-1]) and sum(tokens) - budget < horizon
+        assert a["generated_tokens"] == sum(tokens)
+        scores = [c["logp0_per_token"] for c in a["candidates"]]
+        assert [c["chosen"] for c in a["candidates"]] == [k == scores.index(max(scores)) for k in range(len(scores))]
+    by = {m["name"]: m for m in report.methods}
+    matched = by["best_of_n_matched"]
+    assert matched["budget_tokens"] == by["power"]["generated_tokens"]
+    assert 1.0 <= matched["spent_over_budget"] < 1.0 + horizon * 10 / matched["budget_tokens"]
+    # what each method really spent is what the engine generated for it
+    assert matched["generated_tokens"] == matched["engine_generated_tokens"]
+    assert matched["generated_tokens"] == engine.generated  # the batched calls are its own (power streams)
+    # candidate c of answer (problem i, sample s) has the seed method_seed(seed, method, i, s, c), whatever the wave
+    alone = run_eval(LocalBackend(ToyEngine(**TOY)), problems, SMALL, methods=["power", "best_of_n_matched"],
+                     eval_config=EvalConfig(samples=2))  # fmt: skip
+    assert alone.answers == report.answers
+
+
+def test_best_of_n_matched_draws_the_candidates_of_the_one_at_a_time_rule():
+    """Waves draw exactly what drawing one candidate at a time until the budget is reached would."""
+    from presto_ray.eval_methods import BestOfNMatched, EvalWork, Sampled, method_seed
+
+    engine = ToyEngine(**TOY)
+    problems = arithmetic_problems(5, seed=1)
+    prompts = [tuple(engine.tokenizer.encode(p.prompt)) for p in problems]
+    budgets = [5, 40, 83, 32, 64]  # one short of a candidate, a few, many, whole horizons (16 each)
+    power = Sampled([_answer_with_cost(p.id, b) for p, b in zip(problems, budgets)], None)
+    work = EvalWork(problems, prompts, SMALL, EvalConfig(), (3,), {"power": power})
+    from presto_ray.eval_runner import LocalRunner
+
+    sampled = BestOfNMatched().sample(work, LocalRunner(LocalBackend(engine), 64, False))
+    for i, (answer, budget) in enumerate(zip(sampled.answers, budgets)):
+        one_by_one, spent, c = [], 0, 0
+        while not one_by_one or spent < budget:
+            request = ProposalRequest(prompts[i], (), SMALL.horizon, SMALL.tau, method_seed(3, "best_of_n_matched", i, 0, c), stop_at_eos=True)
+            one_by_one.append(len(engine.generate([request]).completions[0].token_ids))
+            spent, c = spent + one_by_one[-1], c + 1
+        assert [cand["tokens"] for cand in answer.candidates] == one_by_one
+    assert sampled.figures["waves"] < sum(len(a.candidates) for a in sampled.answers)
+
+
+def _answer_with_cost(problem_id: str, generated: int):
+    from presto_ray.eval_methods import Answer
+
+    return Answer(problem_id, 0, "", [], 0, 0.0, generated, seed=3)
+
+
+def test_several_seeds_are_one_seed_runs_with_consecutive_seeds():
+    problems = arithmetic_problems(4, seed=2)
+    many = run_eval(LocalBackend(ToyEngine(**TOY)), problems, SMALL, eval_config=EvalConfig(seeds=3))
+    assert many.seeds == [3, 4, 5]
+    for r, seed in enumerate(many.seeds):
+        one = run_eval(LocalBackend(ToyEngine(**TOY)), problems, SMALL.model_copy(update={"seed": seed}),
+                       methods=["temperature_1", "power", "best_of_n_matched"])  # fmt: skip
+        for name in ("temperature_1", "power", "best_of_n_matched"):
+            mine = [a for a in many.answers[name] if a["seed"] == seed]
+            assert [a["token_ids"] for a in mine] == [a["token_ids"] for a in one.answers[name]], (name, seed)
+    by = {m["name"]: m for m in many.methods}
+    assert len(many.answers["greedy"]) == 4 and by["greedy"]["seeds_run"] == 1  # deterministic: answers once
+    for name in ("temperature_1", "best_of_n", "power", "best_of_n_matched"):
+        m = by[name]
+        assert m["samples_per_problem"] == 3 and m["seeds_run"] == 3 and set(m["accuracy_by_seed"]) == {"3", "4", "5"}
+        assert m["accuracy"] == pytest.approx(np.mean(list(m["accuracy_by_seed"].values())))  # pass@1: the mean over seeds
+        assert m["accuracy_sd_over_seeds"] == pytest.approx(np.std(list(m["accuracy_by_seed"].values()), ddof=1))
+        assert set(m["pass_at_k"]) == {"1", "2", "3"}
+        # tokens per problem and seed: a seed's answers cost what a one-seed run's do
+        assert m["generated_tokens_per_problem"] == pytest.approx(m["generated_tokens"] / (4 * 3))
+    for name in set(METHODS) - {"power"}:
+        assert 0.0 <= by[name]["paired_vs_power"]["p_value"] <= 1.0
+    assert "paired_vs_power" not in by["power"]
+
+
+def _graded(ids, right):
+    from presto_ray.eval_methods import Answer
+
+    return [Answer(pid, s, "", [], 1, 0.0, 1, correct=bool(c), seed=s) for pid, row in zip(ids, right) for s, c in enumerate(row)]
+
+
+def test_the_paired_test_is_mcnemars_exact_test_on_discordant_problems():
+    from scipy.stats import binomtest
+
+    from presto_ray.evaluate import paired_test
+    from presto_ray.tasks import Problem
+
+    problems = [Problem(f"p{k}", "arithmetic", "q", "1") for k in range(20)]
+    ids = [p.id for p in problems]
+    power = [1] * 8 + [0] * 1 + [1] * 5 + [0] * 6  # right on 8 where the other is wrong, wrong on 1 where it is right
+    other = [0] * 8 + [1] * 1 + [1] * 5 + [0] * 6
+    t = paired_test(problems, _graded(ids, [[c] for c in power]), _graded(ids, [[c] for c in other]))
+    assert t["test"].startswith("McNemar") and (t["power_better"], t["other_better"], t["ties"]) == (8, 1, 11)
+    assert t["p_value"] == pytest.approx(binomtest(8, 9, 0.5).pvalue) == pytest.approx(0.0390625)
+    assert t["difference"] == pytest.approx(7 / 20) and t["ci_low"] < 7 / 20 < t["ci_high"]
+    assert 0.0 < t["ci_low"]  # 8 against 1: the bootstrap interval excludes no difference
+    assert paired_test(problems, _graded(ids, [[c] for c in power]), _graded(ids, [[c] for c in other])) == t  # fixed resampling
+    same = paired_test(problems, _graded(ids, [[c] for c in power]), _graded(ids, [[c] for c in power]))
+    assert same["p_value"] == 1.0 and same["difference"] == 0.0 == same["ci_low"] == same["ci_high"]
+    # several answers per problem: the sign test on per-problem accuracies (2 of 3 beats 1 of 3)
+    several = paired_test(problems[:3], _graded(ids[:3], [[1, 1, 0], [0, 0, 0], [1, 0, 0]]), _graded(ids[:3], [[1, 0, 0], [0, 0, 0], [1, 0, 0]]))
+    assert several["test"].startswith("exact sign test") and (several["power_better"], several["ties"]) == (1, 2)
+    assert several["p_value"] == pytest.approx(1.0)
+
+
+def test_eval_command_with_seeds_shows_the_spread_and_the_paired_p_values(tmp_path, capsys):
+    out = tmp_path / "e.json"
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml_dump_small())
+    argv = ["eval", "--config", str(config), "--n", "3", "--seeds", "2", "--out", str(out), "--png", str(tmp_path / "e.png"), "--quiet"]
+    assert main([*argv, "--methods", "greedy,best_of_n_matched"]) == 0
+    report = json.loads(out.read_text())
+    assert [m["name"] for m in report["methods"]] == ["greedy", "power", "best_of_n_matched"] and report["seeds"] == [3, 4]
+    printed = capsys.readouterr()
+    assert "also running power: best_of_n_matched needs power" in printed.err
+    header = next(line for line in printed.out.splitlines() if line.startswith("| method"))
+    assert "sd over seeds" in header and "pass@2" in header and "p vs power" in header
+    assert (tmp_path / "e.png").read_bytes()[:4] == b"\x89PNG"
+    assert main([*argv[:-1], "--seeds", "0"]) == 2
+
+
+def yaml_dump_small() -> str:
+    import yaml
+
+    return yaml.safe_dump({"engine": {"kind": "toy", **TOY}, "sampler": SMALL.model_dump(include={"alpha", "block_size", "num_blocks", "mh_steps", "prefetch_budget", "seed"})})
+
+
+def test_the_fields_budgets_are_named_configs_and_quick_scales_them(tmp_path, capsys):
+    """configs/eval_math500.yaml is the reference protocol (T 3072 in 16 blocks, alpha 4, K 10 per
+    block) on a GPU; --quick is its eval.quick section: the engine, the horizon, the steps, the problems."""
+    import argparse
+
+    from presto_ray.cli.check import load_eval_configs
+    from presto_ray.cli.common import BadInput
+
+    def load(path, quick, n=None, seeds=None):
+        args = argparse.Namespace(config=path, seed=None, samples=None, best_of=None, seeds=seeds, quick=quick, n=n)
+        return (*load_eval_configs(args), args.n)
+
+    job, section, _ = load("configs/eval_math500.yaml", False)
+    assert (job.sampler.horizon, job.sampler.num_blocks, job.sampler.alpha, job.sampler.mh_steps) == (3072, 16, 4.0, 10)
+    assert job.engine.kind == "vllm" and job.engine.device == "gpu"
+    small, quick, n = load("configs/eval_math500.yaml", True)
+    assert small.engine.kind == "vllm" and small.engine.device != "gpu" and small.engine.model is None  # the embedded model
+    assert small.sampler.horizon < 3072 and small.sampler.alpha == 4.0 and n == quick.quick.n
+    assert load("configs/eval_math500.yaml", True, n=3)[2] == 3  # an explicit --n wins
+    assert "--quick: engine: kind vllm" in capsys.readouterr().err
+    code, _, _ = load("configs/eval_humaneval.yaml", False)
+    assert code.sampler.alpha == 5.0 and code.sampler.horizon == 3072 and code.engine.device == "gpu"
+    assert load("configs/eval_humaneval.yaml", True)[0].sampler.alpha == 5.0
+    assert load("configs/eval_humaneval.yaml", True, seeds=2)[1].seeds == 2
+    with pytest.raises(BadInput, match="no eval.quick section"):
+        load("configs/toy.yaml", True)
