@@ -140,8 +140,38 @@ def eval_png_path(out: str, png: str | None) -> str | None:
     return png or None
 
 
+def quick_scaled(data: dict[str, Any], source: str) -> tuple[dict[str, Any], list[str]]:
+    """`eval --quick`: the YAML with its `eval.quick` section applied (the engine section replaced,
+    sampler, job and eval fields set), and what changed, one line each."""
+    from presto_ray.eval_config import QuickScale
+
+    section = data.get("eval") if isinstance(data.get("eval"), dict) else {}
+    if not section.get("quick"):
+        raise BadInput(f"--quick: {source} has no eval.quick section (what to scale to this machine)")
+    quick = QuickScale.model_validate(section["quick"])
+    out = {**data, "eval": {k: v for k, v in section.items() if k != "quick"}}
+    changed = []
+    if quick.engine is not None:
+        out["engine"] = dict(quick.engine)
+        changed.append("engine: " + ", ".join(f"{k} {v}" for k, v in quick.engine.items()))
+    if quick.sampler:
+        before = data.get("sampler") or {}
+        out["sampler"] = {**before, **quick.sampler}
+        changed.append("sampler: " + ", ".join(f"{k} {before.get(k, '(default)')} -> {v}" for k, v in quick.sampler.items()))
+    for k, v in quick.job.items():
+        changed.append(f"{k}: {data.get(k, '(default)')} -> {v}")
+        out[k] = v
+    for k in ("best_of_n", "samples", "seeds"):
+        if (v := getattr(quick, k)) is not None:
+            changed.append(f"eval.{k}: {section.get(k, '(default)')} -> {v}")
+            out["eval"][k] = v
+    out["eval"]["quick"] = section["quick"]  # kept in the report: what --quick did
+    return out, changed
+
+
 def load_eval_configs(args: argparse.Namespace) -> tuple[JobConfig, EvalConfig]:
-    """The job config and its `eval:` section, with --seed, --samples and --best-of applied."""
+    """The job config and its `eval:` section, with --quick, --seed, --samples, --seeds and
+    --best-of applied."""
     import yaml
     from pydantic import ValidationError
 
@@ -153,11 +183,20 @@ def load_eval_configs(args: argparse.Namespace) -> tuple[JobConfig, EvalConfig]:
         data = (yaml.safe_load(Path(args.config).read_text()) or {}) if args.config else {}
         if not isinstance(data, dict):
             raise BadInput(f"{args.config}: expected a mapping of sections (engine, sampler, eval ...)")
+        if getattr(args, "quick", False):
+            data, changed = quick_scaled(data, source)
+            quick_n = (data["eval"]["quick"] or {}).get("n")
+            if args.n is None and quick_n is not None:
+                args.n = quick_n
+                changed.append(f"problems: the first {quick_n}")
+            progress("--quick: " + "; ".join(changed))
+            source += " with --quick"
         job = JobConfig.model_validate(data)
         section = job.eval
         if args.seed is not None:
             job = job.model_copy(update={"sampler": SamplerConfig.model_validate({**job.sampler.model_dump(), "seed": args.seed})})
-        overrides = {k: v for k, v in (("samples", args.samples), ("best_of_n", args.best_of)) if v is not None}
+        overrides = {k: v for k, v in (("samples", args.samples), ("best_of_n", args.best_of), ("seeds", getattr(args, "seeds", None)))
+                     if v is not None}  # fmt: skip
         if overrides:
             section = type(section).model_validate({**section.model_dump(), **overrides})
     except ValidationError as e:
@@ -178,6 +217,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     if args.n is not None and args.n < 1:
         return fail("--n must be at least 1")
+    if args.seeds is not None and args.seeds < 1:
+        return fail("--seeds must be at least 1")
     if clash := out_replaces_input(args.out, dataset=args.dataset):
         return fail(clash)
     if args.export_gsm8k:  # the generated problems as a GSM8K file; no model is started
@@ -217,6 +258,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     def finish(report: EvalReport) -> int:
         write_json_atomic({**report.to_json(), **_provenance(config)}, args.out)
         per = f", {eval_config.samples} answers per problem" if eval_config.samples > 1 else ""
+        per += f", seeds {report.seeds[0]}..{report.seeds[-1]} (greedy: the first)" if len(report.seeds) > 1 else ""
         print(f"{task}: {len(problems)} problems ({about}), answers up to {config.sampler.horizon} tokens{per}")
         print(report.table())
         resumed = sum(m.get("resumed_rows", 0) for m in report.methods)
@@ -309,7 +351,14 @@ def add_eval(sub: Subparsers) -> None:
     e.add_argument("--seed", type=int, default=None, help="seed of the sampling methods (overrides the config)")
     e.add_argument("--samples", type=int, default=None, help="answers per problem of the sampling methods (overrides eval.samples; pass@k)")
     e.add_argument("--best-of", type=int, default=None, help="best_of_n's candidates (overrides eval.best_of_n)")
-    e.add_argument("--methods", default=None, help="comma-separated subset of greedy,temperature_1,low_temperature,best_of_n,power")
+    e.add_argument("--seeds", type=int, default=None,
+                   help="run every method with S seeds (seed .. seed + S - 1; overrides eval.seeds): pass@1 as the mean "
+                   "over seeds with its spread, pass@k from all answers, paired tests against power")
+    e.add_argument("--quick", action="store_true",
+                   help="scale a GPU-sized config to this machine by its eval.quick section (engine, horizon, steps, problems)")
+    e.add_argument("--methods", default=None,
+                   help="comma-separated subset of greedy,temperature_1,low_temperature,best_of_n,power,best_of_n_matched "
+                   "(best_of_n_matched runs power too: its budget)")
     e.add_argument("--out", default="out/eval.json", help="JSON report (key `methods`); missing folders are created")
     e.add_argument("--png", default=None, help="plot of accuracy against tokens per problem (default: --out with .png; '' for none)")
     e.add_argument("--export-gsm8k", default=None, metavar="FILE",
