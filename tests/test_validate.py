@@ -141,6 +141,115 @@ def test_the_faulty_kernel_ratio_is_the_kernels_without_the_length_correction(sa
     assert not wrong.accepted and wrong.state is state
 
 
+def test_the_recording_kernel_changes_no_sample_and_records_every_step():
+    """The serial side's kernel records each step's ratio and cut correction: its samples are the
+    kernel's, token for token, and it records one step per transition."""
+    from presto_ray.engines.toy import ToyEngine
+    from presto_ray.validate import DecisionRecorder
+
+    toy = LocalBackend(ToyEngine(16, 0, 1, logit_scale=1.0, eos_bias=1.0))
+    config = SamplerConfig(alpha=2.0, block_size=12, num_blocks=2, mh_steps=4, traversal="serial", schedule="rounds", seed=0)
+    for sampler in ("power_mh", "entropy_cut", "multi_try"):
+        configs = [config.model_copy(update={"seed": s, "sampler": sampler, "num_tries": 2}) for s in range(12)]
+        recorder = DecisionRecorder()
+        plain, recorded = toy.sample([[3, 4]] * 12, configs), toy.sample([[3, 4]] * 12, configs, kernel_factory=recorder)
+        assert [r.token_ids for r in recorded] == [r.token_ids for r in plain], sampler
+        for c, r in zip(configs, recorded):
+            steps = recorder.by_seed[c.seed]
+            assert len(steps) == r.stats.transitions and sum(a for _, _, a in steps) == r.stats.accepted
+        assert any(correction != 0.0 for c in configs for _, correction, _ in recorder.by_seed[c.seed]), sampler
+
+
+def test_fault_weights_are_the_faulty_kernels_decision_probabilities():
+    from presto_ray.validate import fault_weights
+
+    # accepted at A = 1 where the fault has A' = e^-0.5; rejected at A = e^-1 where A' = e^-0.3
+    weight, flips = fault_weights([(0.2, 0.7, True), (-1.0, -0.7, False)])
+    a1, a2, f2 = 1.0, np.exp(-1.0), np.exp(-0.3)
+    assert weight == pytest.approx(np.exp(-0.5) / a1 * (1 - f2) / (1 - a2))
+    assert flips == pytest.approx((1 - np.exp(-0.5)) + (f2 - a2))
+    assert fault_weights([(0.3, 0.0, True), (-2.0, 0.0, False)]) == (1.0, 0.0)  # no correction: the same law
+
+
+def test_the_faulty_kernel_keeps_exact_early_rejection():
+    """validate --fault's kernel stops proposals early like the real one (its cost), and the
+    samples are those it draws without early rejection: the bound is its own ratio's."""
+    from presto_ray.engines.toy import ToyEngine
+
+    toy = LocalBackend(ToyEngine(16, 0, 1, logit_scale=2.0, eos_bias=0.0))
+    config = SamplerConfig(alpha=4.0, block_size=16, mh_steps=6, prefetch_budget=4, traversal="predictive", seed=0)
+    configs = [config.model_copy(update={"seed": s}) for s in range(8)]
+    with_bound = toy.sample([[3, 4]] * 8, configs, kernel_factory=faulty_kernel)
+    without = toy.sample([[3, 4]] * 8, [c.model_copy(update={"early_rejection": False}) for c in configs], kernel_factory=faulty_kernel)
+    assert [r.token_ids for r in with_bound] == [r.token_ids for r in without]
+    assert sum(r.stats.early_rejected_steps for r in with_bound) > 0 == sum(r.stats.early_rejected_steps for r in without)
+    assert faulty_kernel(config.model_copy(update={"sampler": "entropy_cut"})).rejection_bound(
+        type("S", (), {"__len__": lambda self: 4})(), 1, 0.5) is None  # fmt: skip
+
+
+def test_validate_reports_its_power_against_the_fault(toy_config, tmp_path, capsys):
+    """At alpha = 1 the fault flips about 3 decisions per chain: predicted power 1 at 120 per side,
+    and the --fault run is detected; the prediction of the acceptance rate's shift is exact there
+    (the broken kernel accepts every proposal)."""
+    report = _validate(toy_config, tmp_path)
+    power = report["power"]
+    assert power["power"] >= 0.9 and power["flips_per_chain"] > 1 and power["samples_needed"] <= 120
+    assert set(power["power_by_statistic"]) == set(STATISTICS)
+    out = capsys.readouterr().out
+    assert "power vs fault" in out and "power against the fault (length correction dropped): 1.00" in out
+    broken = _validate(toy_config, tmp_path, "--fault")
+    rows = {r["statistic"]: r for r in broken["rows"]}
+    assert rows["acceptance_rate"]["difference"] == pytest.approx(power["shift"]["acceptance_rate"], abs=1e-9)
+    assert rows["acceptance_rate"]["difference_shown"] and rows["length"]["difference_shown"]
+
+
+def test_validate_grows_a_run_to_the_samples_that_give_power_against_the_fault(tmp_path, capsys):
+    """Too few samples for 90% power against the fault: the serial side runs more chains, the
+    prefetching side the final count; --max-samples below the need keeps the run and says so."""
+    job = {**TOY_JOB, "chains_per_prompt": 2}
+    config = tmp_path / "few.yaml"
+    config.write_text(yaml.safe_dump(job))
+    absolute = ["--margin", "mean_logp0=1", "--margin", "length=9", "--margin", "alpha_logp0=40", "--margin",
+                "acceptance_rate=0.3", "--margin", "eos=0.5"]  # absolute margins: the TOST asks for no size
+    report = _validate(config, tmp_path, *absolute)
+    err = capsys.readouterr().err
+    n = report["power"]["samples_per_side"]
+    assert n == 2 * report["chains_per_prompt"] > 4 and report["power"]["power"] >= 0.9, report["power"]
+    assert "more chains: about" in err and all(r["n_serial"] == r["n_prefetch"] == n for r in report["rows"])
+    assert [s["chain"] for s in report["samples"]["serial"]] == list(range(n // 2)) * 2  # in prompt order
+    capped = _validate(config, tmp_path, "--max-samples", "6", *absolute)
+    assert capped["chains_per_prompt"] == 2 and any("--max-samples" in note for note in capped["notes"])
+    exactly = _validate(config, tmp_path, "--chains", "2", *absolute)  # --chains: exactly that many
+    assert exactly["chains_per_prompt"] == 2 and exactly["power"]["power"] < 0.9
+
+
+def test_on_the_toy_configs_settings_the_fault_changes_almost_no_decision():
+    """configs/toy.yaml (alpha 4, answers at the 96-token horizon): the length correction decides
+    nearly no MH step, so the faulty kernel draws the correct one's samples token for token and no
+    run of any feasible size can tell them apart; validate's power says so."""
+    from pathlib import Path
+
+    from presto_ray.engines import build_engine
+    from presto_ray.job import JobConfig
+    from presto_ray.validate import DecisionRecorder, fault_power
+
+    job = JobConfig.model_validate(yaml.safe_load((Path(__file__).resolve().parent.parent / "configs/toy.yaml").read_text()))
+    toy = LocalBackend(build_engine(job.engine))
+    serial = job.sampler.model_copy(update={"traversal": "serial", "schedule": "rounds", "prefetch_budget": 1})
+    configs = [serial.model_copy(update={"seed": s}) for s in range(16)]
+    prompts = [toy.tokenizer.encode("hello")] * 16
+    recorder = DecisionRecorder()
+    right = toy.sample(prompts, configs, kernel_factory=recorder)
+    wrong = toy.sample(prompts, configs, kernel_factory=faulty_kernel)
+    assert [r.token_ids for r in wrong] == [r.token_ids for r in right]
+    from presto_ray.validate import sample_statistics
+
+    stats = [sample_statistics(r, 4.0, 0) for r in right]
+    power = fault_power(stats, [recorder.by_seed[c.seed] for c in configs], 104, 0.01)
+    assert power.flips_per_chain < 1e-2 and power.power_bound < 0.1 + 0.05 and power.power < 0.1
+    assert power.samples_needed is None or power.samples_needed > 10_000
+
+
 # --- the real model ----------------------------------------------------------------------
 @pytest.mark.vllm
 def test_validate_on_vllm_completes_and_writes_its_table(vllm_engine, tmp_path):

@@ -94,6 +94,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
         items = read_prompts(args.prompts)
     except PromptFileError as e:
         return fail(str(e))
+    if args.max_samples is not None and args.max_samples < 2:
+        return fail("--max-samples must be at least 2")
     needed = samples_needed(margins)
     if args.chains is None and needed and len(items) * config.chains_per_prompt < needed:
         # the default run must be able to show equivalence: as many chains as the margin needs
@@ -101,6 +103,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
         progress(f"{chains} chains per prompt: about {needed} samples per side are needed to show equivalence "
                  f"within {margins.sd:g} sd (--chains sets fewer)")
         config = config.model_copy(update={"chains_per_prompt": chains})
+    # sized for power against the fault too, up to --max-samples per side (--chains: exactly that many)
+    most = args.max_samples if args.max_samples is not None else MAX_SAMPLES_FACTOR * max(needed or 0, len(items) * config.chains_per_prompt)
+    max_chains = None if args.chains is not None else max(config.chains_per_prompt, most // len(items))
 
     def work(backend: Backend) -> int:
         prompts = [(item.id, encode_prompt(backend.tokenizer, item)) for item in items]
@@ -109,6 +114,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
             prompts,
             config.sampler,
             chains_per_prompt=config.chains_per_prompt,
+            max_chains_per_prompt=max_chains,
             margins=margins,
             alpha_level=args.alpha_level,
             fault=args.fault,
@@ -116,10 +122,12 @@ def cmd_validate(args: argparse.Namespace) -> int:
         )
         write_json_atomic({**report.to_json(), **_provenance(config)}, args.out)
         side = config.sampler.traversal + ("/streaming" if config.sampler.schedule == "streaming" else "")
-        n = len(prompts) * config.chains_per_prompt
-        print(f"serial vs {side}: {len(prompts)} prompts x {config.chains_per_prompt} chains = {n} samples per side"
+        n = len(prompts) * report.chains_per_prompt
+        print(f"serial vs {side}: {len(prompts)} prompts x {report.chains_per_prompt} chains = {n} samples per side"
               + (" (FAULT: prefetching without the length correction)" if args.fault else ""))
         print(report.table())
+        if line := report.power_line():
+            print(line)
         for note in report.notes:
             print(f"note: {note}")
         if report.verdict == "equivalence not shown":  # not a difference: too few samples to tell
@@ -131,6 +139,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
         return OK
 
     return _run_with_backend(args, config, work)
+
+
+MAX_SAMPLES_FACTOR = 4  # validate's default --max-samples: 4 x the run it would make for equivalence alone
 
 
 def eval_png_path(out: str, png: str | None) -> str | None:
@@ -331,7 +342,11 @@ def add_validate(sub: Subparsers) -> None:
         "acceptance_rate); repeatable",
     )  # fmt: skip
     a.add_argument("--alpha-level", type=float, default=0.05, help="level of each one-sided test (default 0.05: a 90%% CI)")
-    a.add_argument("--fault", action="store_true", help="break the prefetching side's kernel (no length correction): the check must fail")
+    a.add_argument("--fault", action="store_true", help="break the prefetching side's kernel (no length correction): the check "
+                   "must fail where the fault changes the law (the power line says whether it can)")
+    a.add_argument("--max-samples", type=int, default=None, metavar="N",
+                   help="samples per side the run may grow to for 90%% power against the fault (default: 4x the samples "
+                   "equivalence needs); ignored with --chains")
     add_ray_options(a, "run the chains through Ray (replicas and the batching coordinator)")
     a.set_defaults(func=cmd_validate)
 
