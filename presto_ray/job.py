@@ -49,8 +49,28 @@ class JobConfig(BaseModel):
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> "JobConfig":
-        data = yaml.safe_load(Path(path).read_text()) or {}
+        """The config in a YAML file; a file that is not YAML is a ConfigFileError of one line."""
+        text = Path(path).read_text()
+        try:
+            data = yaml.safe_load(text) or {}
+        except yaml.YAMLError as e:
+            raise ConfigFileError(f"{path}: not valid YAML: {yaml_error_text(e)}") from None
         return cls.model_validate(data)
+
+
+class ConfigFileError(ValueError):
+    """A job config file that cannot be read as a config; the message names the file."""
+
+
+def yaml_error_text(error: yaml.YAMLError) -> str:
+    """PyYAML's error in one line: what it found and where (its own text spans several lines,
+    with a copy of the offending line)."""
+    if isinstance(error, yaml.MarkedYAMLError):
+        mark = error.problem_mark or error.context_mark
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+        what = "; ".join(part for part in (error.context, error.problem) if part)
+        return f"{what or type(error).__name__}{where}"
+    return str(error).splitlines()[0] if str(error).strip() else type(error).__name__
 
 
 def prompt_seed(job_seed: int, prompt_id: str, chain: int) -> int:

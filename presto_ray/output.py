@@ -78,6 +78,15 @@ class OutputPathError(ValueError):
     """An output path the job must not or cannot write; the message names it (exit status 2)."""
 
 
+def io_error_text(error: OSError) -> str:
+    """An OSError in a few words: the system's text for its errno ("No space left on device"),
+    not pyarrow's longer wrapping of it, else its own text."""
+    if error.errno:
+        return os.strerror(error.errno)
+    text = error.strerror or str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
 def is_sample_file(path: str | Path) -> bool:
     """Whether `path` is a Parquet file this tool wrote (our mark, or exactly our leading columns)."""
     try:
@@ -224,6 +233,11 @@ class PartCheckpoint:
                 continue
             self._next = max(self._next, int(part.stem.split("-")[1]) + 1)
         return rows
+
+    @property
+    def files(self) -> int:
+        """Part files on disk: this run's and those a killed run left."""
+        return len(list(self.folder.glob("part-*.parquet"))) if self.folder.is_dir() else 0
 
     def add(self, row: dict) -> None:
         self._pending.append(row)

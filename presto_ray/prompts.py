@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Literal, get_args
@@ -98,9 +99,35 @@ def _jsonl_rows(path: Path) -> Iterator[tuple[int, Any]]:
     return parse_jsonl_lines(data.splitlines(), str(path))
 
 
+class _LineRefused(Exception):
+    """What the parser's hooks refuse in a line, said after `path line N: `."""
+
+
+def _refuse_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """json's object_pairs_hook: a key twice in one object is refused, as the HTTP service refuses
+    it (json would keep the last one silently; another reader of the file might keep the first)."""
+    data: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in data:
+            raise _LineRefused(f"the key {key!r} appears more than once in an object")
+        data[key] = value
+    return data
+
+
+def _bounded_int(digits: str) -> int:
+    """json's parse_int: an integer longer than Python converts (sys.get_int_max_str_digits(),
+    4,300 by default) is refused by its length, not left to int()'s ValueError."""
+    count = len(digits) - digits.startswith("-")
+    limit = sys.get_int_max_str_digits()
+    if limit and count > limit:
+        raise _LineRefused(f"an integer of {count:,} digits; integers may have at most {limit:,}")
+    return int(digits)
+
+
 def parse_jsonl_lines(lines: Iterable[bytes], path: str) -> Iterator[tuple[int, Any]]:
     """(line number, parsed object) for each non-blank line of a JSONL stream; bad bytes or JSON
-    name `path` and their line (the Ray job's driver streams its input through this too)."""
+    name `path` and their line (the Ray job's driver streams its input through this too). A key
+    twice in one object and an integer too long to convert are refused too."""
     for lineno, raw in enumerate(lines, 1):
         try:
             line = raw.decode("utf-8")
@@ -109,11 +136,14 @@ def parse_jsonl_lines(lines: Iterable[bytes], path: str) -> Iterator[tuple[int, 
         if not line.strip():
             continue
         try:
-            yield lineno, json.loads(line)
+            row = json.loads(line, object_pairs_hook=_refuse_duplicate_keys, parse_int=_bounded_int)
         except json.JSONDecodeError as e:
             raise PromptFileError(f"{path} line {lineno}: invalid JSON ({e.msg})") from None
+        except _LineRefused as e:
+            raise PromptFileError(f"{path} line {lineno}: {e}") from None
         except RecursionError:
             raise PromptFileError(f"{path} line {lineno}: invalid JSON (nested too deeply)") from None
+        yield lineno, row
 
 
 def check_ids(ids: Iterable[tuple[str, Any]], path: str, id_field: str = "id") -> int:

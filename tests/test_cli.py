@@ -292,3 +292,113 @@ def test_sample_keeps_vllm_quiet_unless_verbose(tmp_path, monkeypatch):
     monkeypatch.setenv("VLLM_LOGGING_LEVEL", "DEBUG")  # the user's own choice stays
     assert main(toy) == 0
     assert __import__("os").environ["VLLM_LOGGING_LEVEL"] == "DEBUG"
+
+
+# --- hostile inputs of issue 34 (items 3 and 6): one line, exit 2, nothing half-written ------------
+FAST_TOY = (
+    "engine: {kind: toy, vocab_size: 48, logit_scale: 3.0, eos_bias: -2.0}\n"
+    "sampler: {block_size: 4, num_blocks: 1, mh_steps: 2, prefetch_budget: 2, seed: 5}\n"
+    "chains_per_prompt: 2\n"
+)
+
+
+def _one_line_refusal(capsys, argv, message: str) -> None:
+    from presto_ray.cli import main
+
+    assert main(argv) == 2, argv
+    err = capsys.readouterr().err
+    assert err.startswith("presto-ray: error: ") and message in err, err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+
+
+def test_duplicate_keys_and_overlong_integers_in_prompts_are_refused_naming_the_line(tmp_path, capsys):
+    """A key twice in one object is refused as HTTP refuses it (json kept the last silently), and an
+    integer past Python's int-string limit is refused by its length (was int()'s ValueError, a
+    traceback), in process and by the --ray job's driver check, which reads lines the same way."""
+    from presto_ray.prompts import PromptFileError, read_prompts
+
+    cases = {
+        '{"id": "a", "prompt": "x"}\n{"id": "b", "prompt": "x", "prompt": "y"}\n': "line 2: the key 'prompt' appears more than once in an object",
+        '{"id": "a", "messages": [{"role": "user", "content": "x", "role": "system"}]}\n': "line 1: the key 'role' appears more than once",
+        '{"id": ' + "7" * 5000 + ', "prompt": "x"}\n': "line 1: an integer of 5,000 digits; integers may have at most 4,300",
+    }
+    toy = tmp_path / "toy.yaml"
+    toy.write_text(FAST_TOY)
+    for n, (content, message) in enumerate(cases.items()):
+        prompts = tmp_path / f"p{n}.jsonl"
+        prompts.write_text(content)
+        with pytest.raises(PromptFileError, match=f"^{prompts} {message}"):
+            read_prompts(prompts)
+        out = tmp_path / f"o{n}.parquet"
+        _one_line_refusal(capsys, ["sample", "--config", str(toy), "--prompts", str(prompts), "--out", str(out)], message)
+        assert not out.exists()
+
+
+def test_a_malformed_yaml_config_is_one_line_naming_file_and_place(tmp_path, capsys):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("engine:\n  kind: toy\n sampler: [\n")
+    for ray in ([], ["--ray"]):
+        _one_line_refusal(
+            capsys, ["sample", *ray, "--config", str(bad), "--out", str(tmp_path / "o")],
+            f"{bad}: not valid YAML: while parsing a block mapping; expected <block end>, but found "
+            "'<block mapping start>' (line 3, column 2)",
+        )  # fmt: skip
+    assert not (tmp_path / "o").exists()
+
+
+def test_out_dash_is_refused_rather_than_written_as_a_file(tmp_path, capsys, monkeypatch):
+    from presto_ray.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    toy = tmp_path / "toy.yaml"
+    toy.write_text(FAST_TOY)
+    for ray in ([], ["--ray"]):  # refused before any config, engine or Ray
+        _one_line_refusal(capsys, ["sample", *ray, "--config", str(toy), "--out", "-"], "--out -: the samples are Parquet")
+    assert not (tmp_path / "-").exists()
+
+
+def test_a_negative_show_is_refused(tmp_path, capsys):
+    from presto_ray.cli import main
+
+    toy = tmp_path / "toy.yaml"
+    toy.write_text(FAST_TOY)
+    with pytest.raises(SystemExit) as exited:
+        main(["sample", "--config", str(toy), "--out", str(tmp_path / "o.parquet"), "--show", "-1"])
+    assert exited.value.code == 2 and "argument --show: must be 0 or more, got -1" in capsys.readouterr().err
+    assert not (tmp_path / "o.parquet").exists()
+
+
+def test_sample_help_names_the_default_config(capsys):
+    from presto_ray.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["sample", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "default: the settings of configs/local.yaml, vLLM on the CPU with the packaged SmolLM2" in help_text, help_text
+
+
+def test_a_full_disk_in_process_is_one_line_and_the_rerun_resumes_from_the_parts(tmp_path, capsys):
+    """`--out` on a real 100 kB tmpfs: the part files fill it mid-run (was OSError [Errno 28] from
+    output.py, a traceback). One line, exit 2, no temp file left, every part whole; grown, the same
+    command resumes from them."""
+    from tmpfs import grow, small_tmpfs, tmp_files
+
+    from presto_ray.cli import main
+
+    toy = tmp_path / "toy.yaml"
+    toy.write_text(FAST_TOY)
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(f'{{"id": "p{i}", "prompt": "question {i}?"}}\n' for i in range(400)))
+    with small_tmpfs(tmp_path / "disk") as disk:
+        out = disk / "o.parquet"
+        argv = ["sample", "--config", str(toy), "--prompts", str(prompts), "--out", str(out), "--quiet", "--show", "0"]
+        _one_line_refusal(capsys, argv, f"--out {out}: cannot write the finished samples (No space left on device); the ")
+        parts = sorted((disk / ".o.parquet.parts").glob("part-*.parquet"))
+        assert parts and not out.exists() and tmp_files(disk) == []
+        kept = sum(pq.read_table(p).num_rows for p in parts)  # each part whole
+        assert 0 < kept < 800
+        grow(disk, "20m")
+        assert main(argv) == 0
+        printed = capsys.readouterr().out
+        assert f"resumed              {kept} finished pairs skipped" in printed, printed
+        assert pq.read_table(out).num_rows == 800 and not (disk / ".o.parquet.parts").exists()

@@ -74,7 +74,7 @@ def validation_message(error: ValidationError, source: str) -> str:
 def load_job_config(args: argparse.Namespace) -> JobConfig:
     """The job config from --config plus command-line overrides (--chains, --seed, --host, --port,
     where the command has them); BadInput names what is wrong."""
-    from presto_ray.job import JobConfig
+    from presto_ray.job import ConfigFileError, JobConfig
 
     source = args.config or "default configuration"
     try:
@@ -92,6 +92,8 @@ def load_job_config(args: argparse.Namespace) -> JobConfig:
             config = JobConfig.model_validate({**config.model_dump(), **overrides})
     except ValidationError as e:
         raise BadInput(validation_message(e, source)) from None
+    except ConfigFileError as e:  # names the file itself
+        raise BadInput(str(e)) from None
     except (OSError, ValueError) as e:
         raise BadInput(f"{args.config}: {e}") from None
     return config

@@ -19,10 +19,12 @@ def cmd_sample(args: argparse.Namespace) -> int:
     from presto_ray.engines import build_engine
     from presto_ray.job import run_job
     from presto_ray.models import ModelProvisionError
-    from presto_ray.output import OutputPathError, PartCheckpoint, check_output_file, write_parquet_atomic
+    from presto_ray.output import OutputPathError, PartCheckpoint, check_output_file, io_error_text, write_parquet_atomic
     from presto_ray.progress import Progress
     from presto_ray.prompts import PromptFileError, read_prompts
 
+    if args.out == "-":
+        return fail(STDOUT_OUT)
     try:
         config = load_job_config(args)
     except BadInput as e:
@@ -62,16 +64,41 @@ def cmd_sample(args: argparse.Namespace) -> int:
         parts.flush()
     except ValueError as e:  # e.g. a prompt longer than the model's context
         return fail(str(e))
+    except OSError as e:  # a part file (written atomically: no half-written file stays)
+        return fail(
+            f"--out {args.out}: cannot write the finished samples ({io_error_text(e)}); the {parts.files} "
+            f"part file(s) written so far stay in {parts.folder}/ and a rerun resumes from them"
+        )
     finally:
         engine.shutdown()
     try:
         write_parquet_atomic(summary.rows, args.out)
         parts.remove()
     except OSError as e:  # checked before sampling; the disk may still fill or the folder go
-        return fail(f"--out {args.out}: cannot write the samples ({e.strerror or e})")
+        return fail(
+            f"--out {args.out}: cannot write the samples ({io_error_text(e)}); the finished samples stay in "
+            f"{parts.folder}/ and a rerun resumes from them"
+        )
     print(f"wrote {len(summary.rows)} samples to {args.out}")
     _print_summary(summary, args.show)
     return OK
+
+
+STDOUT_OUT = (
+    "--out -: the samples are Parquet, written to a file (with --ray, a folder) and the summary goes to "
+    "standard output; give a path (./- for a file named '-')"
+)
+
+
+def non_negative(text: str) -> int:
+    """argparse's type for a count that may be 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
+    return value
 
 
 def quiet_engine_logs() -> None:
@@ -137,10 +164,14 @@ def add_sample(sub: Subparsers) -> None:
     s.add_argument(
         "--out", default=None, help="Parquet output: a file (default out/samples.parquet); with --ray a folder or URI (default out/samples)"
     )
-    s.add_argument("--config", default=None, help="YAML job config (engine, sampler, chains_per_prompt)")
+    s.add_argument(
+        "--config", default=None,
+        help="YAML job config (engine, sampler, chains_per_prompt); default: the settings of configs/local.yaml, "
+        "vLLM on the CPU with the packaged SmolLM2 (configs/toy.yaml needs no model)",
+    )
     s.add_argument("--chains", type=int, default=None, help="chains per prompt (overrides the config)")
     s.add_argument("--seed", type=int, default=None, help="job seed (overrides the config)")
-    s.add_argument("--show", type=int, default=4, help="print this many sampled texts")
+    s.add_argument("--show", type=non_negative, default=4, help="print this many sampled texts (0 or more)")
     s.add_argument("--quiet", action="store_true", help="no progress bar")
     s.add_argument("--verbose", action="store_true", help="show the engine's own log lines (vLLM's INFO and WARNING)")
     s.add_argument(
