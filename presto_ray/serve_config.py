@@ -66,6 +66,13 @@ class ServeConfig(BaseModel):
         description="Most token-steps one request may ask for: n x mh_steps x blocks x max_tokens "
         "(a chain proposes about half as many tokens); bounds how long one request holds the engines.",
     )
+    max_request_tokens: int = Field(
+        20_000_000, ge=1,
+        description="Most tokens one request's chains may generate (usage.power_sampling.generated_tokens), "
+        "as an upper bound computed before they start: n x blocks x (mh_steps + 1) x requests per event "
+        "(prefetch_budget; 1, or MultiTryMH's num_tries, under serial traversal) x max_tokens. A request "
+        "whose bound is larger gets a 400 naming it and this limit.",
+    )
 
     def ingress_deployment_options(self) -> dict[str, Any]:
         """Serve's `.options()` for the ingress deployment."""

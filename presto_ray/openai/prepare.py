@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import sys
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +33,10 @@ UNSUPPORTED_FIELDS: dict[str, tuple[object, ...]] = {
 }  # fmt: skip
 NEUTRAL_VALUES = {"top_p": 1.0, "frequency_penalty": 0.0, "presence_penalty": 0.0}
 DRAWN_SEED_BOUND = 2**31  # a seed the service draws stays short enough to copy by hand
+# Python's own bound on the digits of an int read from text (sys.get_int_max_str_digits; reading
+# takes time quadratic in the digits): json.loads raised a ValueError past it (a 500). A body's
+# integer may have at most this many digits, whatever the interpreter allows (a 400 naming it).
+MAX_INT_DIGITS = 4300
 
 
 @dataclass(frozen=True)
@@ -70,7 +75,7 @@ def prepare(
     check_model(request, model_name)
     config = sampler_config(request, base_sampler, settings)
     prompt = prompt_ids(request, tokenizer)
-    check_prompt(prompt, config.horizon, context_length, tokenizer.vocab_size)
+    check_prompt(prompt, config.horizon, context_length, tokenizer.vocab_size, max_tokens_field(request))
     seed = request.seed if request.seed is not None else random.randrange(DRAWN_SEED_BOUND)
     return Prepared(
         id=f"{model.id_prefix}-{uuid.uuid4().hex[:24]}",
@@ -83,6 +88,35 @@ def prepare(
         logprobs=request.wants_logprobs(),
         include_usage=bool(request.stream_options and request.stream_options.include_usage),
     )
+
+
+class _LongInteger:
+    """What the parser keeps of an integer with more than MAX_INT_DIGITS digits: its length."""
+
+    __slots__ = ("digits",)
+
+    def __init__(self, digits: int) -> None:
+        self.digits = digits
+
+
+def _int_digits_limit() -> int:
+    allowed = sys.get_int_max_str_digits()  # 0: the interpreter has no bound (ours still holds)
+    return min(MAX_INT_DIGITS, allowed) if allowed else MAX_INT_DIGITS
+
+
+def _long_integer_at(data: Any) -> tuple[tuple[str | int, ...], int] | None:
+    """Where the first over-long integer of a parsed body is (its path of keys and indices), and
+    its digits; None if there is none. Iterative: the body may be nested a thousand deep."""
+    stack: list[tuple[tuple[str | int, ...], Any]] = [((), data)]
+    while stack:
+        path, value = stack.pop()
+        if isinstance(value, _LongInteger):
+            return path, value.digits
+        if isinstance(value, dict):
+            stack.extend(((*path, k), v) for k, v in reversed(list(value.items())))
+        elif isinstance(value, list):
+            stack.extend(((*path, i), v) for i, v in reversed(list(enumerate(value))))
+    return None
 
 
 def _refuse_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -132,12 +166,30 @@ def parse_request(raw: bytes, model: type[_Request], max_bytes: int, settings: S
         raise ApiError(400, f"the body must be UTF-8 JSON: {e.reason} at byte {e.start}") from None
     if text.startswith("\ufeff"):
         raise ApiError(400, "the body must be UTF-8 JSON without a byte order mark")
+    limit = _int_digits_limit()
+    long_integers = 0
+
+    def parse_int(digits: str) -> int | _LongInteger:
+        nonlocal long_integers
+        count = len(digits) - digits.startswith("-")
+        if count > limit:
+            long_integers += 1
+            return _LongInteger(count)
+        return int(digits)
+
     try:
-        data = json.loads(text, object_pairs_hook=_refuse_duplicates)
+        data = json.loads(text, object_pairs_hook=_refuse_duplicates, parse_int=parse_int)
     except json.JSONDecodeError as e:
         raise ApiError(400, f"malformed JSON body: {e}") from None
     except RecursionError:
         raise ApiError(400, "malformed JSON body: nested too deeply") from None
+    except ValueError as e:  # anything else the parser refuses is the body's fault too, never a 500
+        raise ApiError(400, f"malformed JSON body: {e}") from None
+    if long_integers and (found := _long_integer_at(data)) is not None:
+        path, digits = found
+        where = ".".join(str(p) for p in path) or "body"
+        param = str(path[0]) if path else None
+        raise ApiError(400, f"{where}: an integer of {digits:,} digits; integers may have at most {limit:,}", param)
     if not isinstance(data, dict):
         raise ApiError(400, "the body must be a JSON object")
     if settings is not None:
@@ -197,16 +249,41 @@ def check_model(request: _Request, model_name: str) -> None:
         raise ApiError(404, message, "model", "not_found_error")
 
 
+def max_tokens_field(request: _Request) -> str:
+    """The name the request gave its horizon: chat's max_completion_tokens (OpenAI's current
+    name), or max_tokens. Messages about the horizon use it."""
+    if isinstance(request, ChatRequest) and request.max_completion_tokens is not None:
+        return "max_completion_tokens"
+    return "max_tokens"
+
+
+def requested_max_tokens(request: _Request) -> int | None:
+    """The horizon a request asks for; chat may name it max_completion_tokens or max_tokens, and
+    with both they must agree (which one would the client have meant?)."""
+    if isinstance(request, ChatRequest) and request.max_completion_tokens is not None:
+        given = request.max_completion_tokens
+        if request.max_tokens is not None and request.max_tokens != given:
+            message = (
+                f"max_completion_tokens ({given}) and max_tokens ({request.max_tokens}) differ: "
+                "send one of them (max_completion_tokens is OpenAI's current name)"
+            )
+            raise ApiError(400, message, "max_completion_tokens")
+        return given
+    return request.max_tokens
+
+
 def sampler_config(request: _Request, base: SamplerConfig, settings: ServeConfig) -> SamplerConfig:
     """The chain configuration a request asks for (its seed is set per choice later)."""
-    max_tokens = request.max_tokens or settings.default_max_tokens
+    tokens_field = max_tokens_field(request)
+    max_tokens = requested_max_tokens(request) or settings.default_max_tokens
     if max_tokens > settings.max_tokens_limit:
-        raise ApiError(400, f"max_tokens must be at most {settings.max_tokens_limit}", "max_tokens")
+        raise ApiError(400, f"{tokens_field} must be at most {settings.max_tokens_limit}", tokens_field)
     if request.n > settings.max_n:
         raise ApiError(400, f"n must be at most {settings.max_n}", "n")
     block_size = request.block_size or max_tokens
     if max_tokens % block_size:
-        raise ApiError(400, f"max_tokens ({max_tokens}) must be a multiple of block_size ({block_size})", "block_size")
+        message = f"{tokens_field} ({max_tokens}) must be a multiple of block_size ({block_size})"
+        raise ApiError(400, message, "block_size")
     updates: dict[str, Any] = {"block_size": block_size, "num_blocks": max_tokens // block_size}
     alpha = request.alpha
     if request.temperature is not None:
@@ -239,9 +316,9 @@ def sampler_config(request: _Request, base: SamplerConfig, settings: ServeConfig
         first = dict(e.errors()[0])
         # the request's name for a chain field: the horizon's block count comes from max_tokens
         field = error_field(first)
-        param = {"num_blocks": "max_tokens"}.get(field or "", field) or "body"
+        param = {"num_blocks": tokens_field}.get(field or "", field) or "body"
         raise ApiError(400, f"{param}: {error_text(first)}", param) from None
-    check_work(config, request.n, settings)
+    check_work(config, request.n, settings, tokens_field)
     return config
 
 
@@ -251,11 +328,35 @@ def request_work(config: SamplerConfig, n: int) -> int:
     return n * max(config.mh_steps, 1) * config.num_blocks * config.horizon
 
 
-def check_work(config: SamplerConfig, n: int, settings: ServeConfig) -> None:
-    """One request must not hold the engines for hours: bound its blocks and its total work."""
+def requests_per_event(config: SamplerConfig) -> int:
+    """The most proposal requests a chain issues per event of its schedule, as the planner issues
+    them: its prefetch budget (each round's requests, the root's included, fit in it; MultiTryMH's
+    num_tries count one each), or under serial traversal the event's own requests only (one, or
+    MultiTryMH's num_tries)."""
+    if config.traversal == "serial":
+        return config.num_tries if config.sampler == "multi_try" else 1
+    return config.prefetch_budget
+
+
+def request_token_bound(config: SamplerConfig, n: int) -> int:
+    """An upper bound on the tokens a request's chains generate (usage.power_sampling.
+    generated_tokens, speculative and rejected proposals included): n chains x events (blocks x
+    (mh_steps + 1): each block's extension and its K steps) x requests per event
+    (`requests_per_event`) x tokens per request (at most the horizon, max_tokens). Rounds: each
+    round issues at most requests_per_event requests and completes at least one event (the root's
+    request carries the walk's own bound, so it is never unusable), so this holds; streaming keeps
+    at most as many requests running, and on the toy engine it issued at most one request per event
+    and unit of budget in every configuration tried (tests/test_request_bound.py)."""
+    events = config.num_blocks * (config.mh_steps + 1)
+    return n * events * requests_per_event(config) * config.horizon
+
+
+def check_work(config: SamplerConfig, n: int, settings: ServeConfig, tokens_field: str = "max_tokens") -> None:
+    """One request must not hold the engines for hours: bound its blocks, its total work and the
+    tokens it may generate."""
     if config.num_blocks > settings.max_num_blocks:
         message = (
-            f"max_tokens / block_size gives {config.num_blocks} blocks; the limit is {settings.max_num_blocks} "
+            f"{tokens_field} / block_size gives {config.num_blocks} blocks; the limit is {settings.max_num_blocks} "
             "(use a larger block_size, or raise serve.max_num_blocks in the job config)"
         )
         raise ApiError(400, message, "block_size")
@@ -263,8 +364,21 @@ def check_work(config: SamplerConfig, n: int, settings: ServeConfig) -> None:
     if work > settings.max_request_work:
         message = (
             f"the request asks for {work:,} token-steps (n {n} x mh_steps {config.mh_steps} x {config.num_blocks} "
-            f"blocks x max_tokens {config.horizon}); the limit is {settings.max_request_work:,} "
+            f"blocks x {tokens_field} {config.horizon}); the limit is {settings.max_request_work:,} "
             "(ask for less, or raise serve.max_request_work in the job config)"
+        )
+        raise ApiError(400, message, "mh_steps")
+    bound = request_token_bound(config, n)
+    if bound > settings.max_request_tokens:
+        per_event = requests_per_event(config)
+        source = "prefetch_budget" if config.traversal != "serial" else "serial traversal"
+        blocks = f"{config.num_blocks} block{'s' if config.num_blocks != 1 else ''}"
+        message = (
+            f"the request may generate up to {bound:,} tokens (usage.power_sampling.generated_tokens: n {n} x "
+            f"{config.num_blocks * (config.mh_steps + 1):,} events ({blocks} x (mh_steps {config.mh_steps} + 1)) x "
+            f"{per_event} requests per event ({source}) x {config.horizon:,} tokens per request ({tokens_field})); "
+            f"the limit is {settings.max_request_tokens:,} (ask for fewer choices, steps, tokens or a smaller "
+            "prefetch_budget, or raise serve.max_request_tokens in the job config)"
         )
         raise ApiError(400, message, "mh_steps")
 
@@ -297,7 +411,7 @@ def _check_encodable(text: str, where: str, param: str) -> None:
         raise ApiError(400, f"{where}: {problem}", param)
 
 
-def check_prompt(token_ids: list[int], max_tokens: int, context: int, vocab_size: int) -> None:
+def check_prompt(token_ids: list[int], max_tokens: int, context: int, vocab_size: int, tokens_field: str = "max_tokens") -> None:
     if not token_ids:
         raise ApiError(400, "prompt is empty", "prompt")
     if any(not 0 <= t < vocab_size for t in token_ids):
@@ -305,7 +419,7 @@ def check_prompt(token_ids: list[int], max_tokens: int, context: int, vocab_size
     if len(token_ids) + max_tokens > context:
         raise ApiError(
             400,
-            f"prompt ({_tokens(len(token_ids))}) + max_tokens ({max_tokens}) exceeds the model's context of {context} tokens",
+            f"prompt ({_tokens(len(token_ids))}) + {tokens_field} ({max_tokens}) exceeds the model's context of {context} tokens",
             "prompt",
         )
 

@@ -112,6 +112,9 @@ class ChatRequest(_Request):
     id_prefix: ClassVar[str] = "chatcmpl"
 
     messages: list[ChatMessage] = Field(min_length=1, description="Through the model's chat template.")
+    max_completion_tokens: int | None = Field(
+        None, ge=1, description="OpenAI's current name for max_tokens in chat: the same horizon (send one, or both equal)."
+    )
     logprobs: bool | None = Field(None, description="true: each returned token's log p0 (the base model's).")
     top_logprobs: int | None = Field(
         None, ge=0, json_schema_extra={"maximum": 0}, description="Only 0: a power sample has no per-token top alternatives."
