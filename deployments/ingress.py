@@ -41,7 +41,9 @@ from presto_ray.openai import (
     ApiError,
     Prepared,
     SampledChoice,
+    check_content_encoding,
     check_content_type,
+    check_transfer_encoding,
     choice_from_result,
     completion_response,
     done_chunk,
@@ -129,6 +131,8 @@ class PrestoIngress:
     async def _answer(self, request: Request, chat: bool) -> BaseModel | Response:
         try:
             check_content_type(request.headers.get("content-type"))
+            check_content_encoding(request.headers.getlist("content-encoding"))
+            check_transfer_encoding(request.headers.getlist("transfer-encoding"))
             prepared = prepare(
                 await read_body(request, self.settings.max_body_bytes, self.settings.request_read_timeout_s),
                 chat,

@@ -155,3 +155,19 @@ def test_a_body_that_does_not_arrive_gets_a_408_and_closes_the_connection():
     headers = {k.decode(): v.decode() for k, v in start["headers"]}
     assert start["status"] == 408 and headers["connection"] == "close" and headers["x-presto-ingress-replica"] == "replica-1"
     assert json.loads(body)["error"]["type"] == "timeout_error"
+
+
+def test_a_coded_body_or_a_long_integer_is_refused_before_any_work():
+    """Content-Encoding gzip on a plain JSON body was read (and sampled) as if it said nothing;
+    a transfer coding llhttp passes on undecoded is a 501; a 5,000-digit integer was a 500."""
+    import gzip
+
+    http = client()
+    plain = json.dumps(GOOD).encode()
+    for coding, body in (("gzip", plain), ("gzip", gzip.compress(plain)), ("br", plain), ("identity, deflate", plain)):
+        r = http.post("/v1/completions", content=body, headers={"content-type": "application/json", "content-encoding": coding})
+        assert "Content-Encoding" in error_of(r, 415)["message"] and r.headers["accept-encoding"] == "identity", coding
+    r = http.post("/v1/completions", content=plain, headers={"content-type": "application/json", "transfer-encoding": "gzip, chunked"})
+    assert "Transfer-Encoding gzip" in error_of(r, 501)["message"]
+    r = http.post("/v1/completions", content=b'{"prompt":"hi","max_tokens":' + b"9" * 5000 + b"}", headers={"content-type": "application/json"})
+    assert error_of(r, 400)["param"] == "max_tokens"

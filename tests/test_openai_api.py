@@ -455,7 +455,7 @@ def test_work_limits_name_the_serve_key_to_raise():
     assert "serve.max_request_work" in work.message and "token-steps" in work.message
     # the same request passes where the service allows more
     raw = json.dumps({**GOOD, "n": 2, "max_tokens": 256, "block_size": 2, "mh_steps": 1000}).encode()
-    roomy = ServeConfig(max_request_work=10**12)
+    roomy = ServeConfig(max_request_work=10**12, max_request_tokens=10**12)
     kwargs = dict(tokenizer=TOKENIZER, model_name="toy", context_length=512, base_sampler=BASE)
     assert len(prepare(raw, False, settings=roomy, **kwargs).configs) == 2
     with pytest.raises(ApiError):
@@ -763,3 +763,129 @@ def test_a_client_that_disconnects_is_one_log_line_without_a_traceback(caplog):
     (record,) = caplog.records
     assert record.levelno < logging.WARNING and record.exc_info is None
     assert "cmpl-abc" in record.getMessage() and "err-" not in record.getMessage()
+
+
+# --- issue 34: integers past Python's limit, max_completion_tokens, codings, the token bound ----
+LONG = "9" * 5000
+
+
+@pytest.mark.parametrize(
+    "raw,where,param",
+    [
+        (f'{{"prompt":"hi","max_tokens":{LONG}}}', "max_tokens", "max_tokens"),
+        (f'{{"prompt":"hi","seed":{LONG}}}', "seed", "seed"),
+        (f'{{"prompt":"hi","n":-{LONG}}}', "n", "n"),
+        (f'{{"prompt":[5,{LONG}]}}', "prompt.1", "prompt"),
+        (f'{{"prompt":"hi","stream":true,"stream_options":{{"include_usage":{LONG}}}}}', "stream_options.include_usage", "stream_options"),
+        (LONG, "body", None),
+    ],
+    ids=["max_tokens", "seed", "negative-n", "token-id", "nested", "bare"],
+)
+def test_an_integer_past_pythons_digit_limit_is_a_400_naming_it(raw, where, param):
+    """json.loads raised a ValueError (Python's int-string limit): a 500."""
+    error = api_error(raw.encode())
+    assert (error.status, error.param) == (400, param), error.message
+    assert error.message.startswith(f"{where}: ") and "5,000 digits" in error.message and "4,300" in error.message, error.message
+
+
+def test_integers_up_to_the_digit_limit_are_read_and_checked_as_numbers():
+    longest = "9" * 4300
+    error = api_error(f'{{"prompt":"hi","seed":{longest}}}'.encode())
+    assert error.param == "seed" and "digits" not in error.message  # read, then over seed's bound
+    error = api_error(f'{{"prompt":"hi","max_tokens":-{longest}}}'.encode())
+    assert error.param == "max_tokens" and "digits" not in error.message
+    assert api_error(f'{{"prompt":[5,{longest}],"max_tokens":8}}'.encode()).message.startswith("prompt token ids must be in")
+
+
+def test_chat_accepts_max_completion_tokens_as_its_horizon():
+    chat = {"model": "toy", "messages": MESSAGES}
+    (config,) = prepare_body({**chat, "max_completion_tokens": 16}, chat=True).configs
+    assert config.horizon == 16
+    (config,) = prepare_body({**chat, "max_completion_tokens": 16, "max_tokens": 16}, chat=True).configs
+    assert config.horizon == 16
+    error = api_error({**chat, "max_completion_tokens": 16, "max_tokens": 8}, chat=True)
+    assert error.param == "max_completion_tokens" and "(16)" in error.message and "max_tokens (8)" in error.message
+    # refusals about the horizon name the field the request used
+    error = api_error({**chat, "max_completion_tokens": 4096}, chat=True)
+    assert error.param == "max_completion_tokens" and error.message.startswith("max_completion_tokens must be at most")
+    assert api_error({**chat, "max_completion_tokens": 0}, chat=True).param == "max_completion_tokens"
+    error = api_error({**chat, "max_completion_tokens": 500}, chat=True)
+    assert error.param == "prompt" and "+ max_completion_tokens (500)" in error.message, error.message
+    # the completions API (OpenAI's legacy one) has no such field
+    assert api_error({**GOOD, "max_completion_tokens": 8}).param == "max_completion_tokens"
+
+
+def test_a_content_or_transfer_coding_the_service_does_not_decode_is_refused():
+    from presto_ray.openai import check_content_encoding, check_transfer_encoding
+
+    for values in ([], [""], ["identity"], ["Identity"]):
+        check_content_encoding(values)
+    for values, named in ((["gzip"], "gzip"), (["br"], "br"), (["identity, gzip"], "gzip"), (["identity", "deflate"], "deflate")):
+        with pytest.raises(ApiError) as caught:
+            check_content_encoding(values)
+        error = caught.value
+        assert error.status == 415 and named in error.message and error.headers == {"Accept-Encoding": "identity"}
+        assert error.body()["error"]["type"] == "invalid_request_error"
+    check_transfer_encoding([])
+    check_transfer_encoding(["chunked"])
+    with pytest.raises(ApiError) as caught:
+        check_transfer_encoding(["gzip, chunked"])
+    assert caught.value.status == 501 and "gzip" in caught.value.message
+
+
+HOSTILE_WORK = {**GOOD, "n": 16, "mh_steps": 1000, "max_tokens": 2048}
+
+
+@pytest.mark.parametrize("budget", [None, 1, 256])
+def test_a_request_whose_token_bound_is_over_the_limit_is_refused_before_it_runs(budget):
+    """n=16, mh_steps=1000, max_tokens=2048 passes every per-field limit and the token-step one
+    (32.8M < 50M): it generated 1.4M tokens in 100 s and would have gone on for hours."""
+    from presto_ray.openai.prepare import request_token_bound
+
+    body = HOSTILE_WORK if budget is None else {**HOSTILE_WORK, "prefetch_budget": budget}
+    error = api_error(body)
+    per_event = BASE.prefetch_budget if budget is None else budget
+    bound = 16 * (1000 + 1) * per_event * 2048
+    assert error.status == 400 and error.param == "mh_steps"
+    assert f"up to {bound:,} tokens" in error.message and "the limit is 20,000,000" in error.message, error.message
+    assert "serve.max_request_tokens" in error.message and "usage.power_sampling.generated_tokens" in error.message
+    config = SamplerConfig.model_validate({**BASE.model_dump(), "mh_steps": 1000, "block_size": 2048, "prefetch_budget": per_event})
+    assert request_token_bound(config, 16) == bound
+
+
+def test_the_token_bound_counts_blocks_steps_budget_and_serial_tries():
+    from presto_ray.openai.prepare import request_token_bound, requests_per_event
+
+    config = SamplerConfig(block_size=8, num_blocks=3, mh_steps=10, prefetch_budget=6)
+    assert requests_per_event(config) == 6 and request_token_bound(config, 2) == 2 * 3 * 11 * 6 * 24
+    serial = config.model_copy(update={"traversal": "serial"})
+    assert requests_per_event(serial) == 1 and request_token_bound(serial, 1) == 3 * 11 * 24
+    tries = SamplerConfig(sampler="multi_try", traversal="serial", num_tries=5, prefetch_budget=2)
+    assert requests_per_event(tries) == 5
+    assert request_token_bound(SamplerConfig(mh_steps=0, block_size=4), 1) == 1 * 16 * 4  # extensions only
+    # a service that allows more serves it
+    roomy = ServeConfig(max_request_tokens=10**12)
+    raw = json.dumps(HOSTILE_WORK).encode()
+    kwargs = dict(tokenizer=TOKENIZER, model_name="toy", context_length=4096, base_sampler=BASE)
+    assert len(prepare(raw, False, settings=roomy, **kwargs).configs) == 16
+
+
+def test_the_shipped_configs_normal_requests_pass_the_token_bound():
+    """Every shipped job config: chains_per_prompt choices with its sampler's steps and budget,
+    at its own horizon and at serve.max_tokens_limit, one block, are within the default limit."""
+    import glob
+    import os
+
+    from presto_ray.job import JobConfig
+    from presto_ray.openai.prepare import request_token_bound
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    checked = 0
+    for path in sorted(glob.glob(os.path.join(root, "configs", "*.yaml"))):
+        job = JobConfig.from_yaml(path)
+        for max_tokens in {job.sampler.horizon, job.serve.max_tokens_limit}:
+            config = job.sampler.model_copy(update={"block_size": max_tokens, "num_blocks": 1})
+            bound = request_token_bound(config, job.chains_per_prompt)
+            assert bound <= ServeConfig().max_request_tokens, (path, max_tokens, f"{bound:,}")
+        checked += 1
+    assert checked >= 5

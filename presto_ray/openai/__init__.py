@@ -37,7 +37,8 @@ Mapping to power sampling:
   - The request models are the OpenAPI schema too (`openapi_route`): /openapi.json lists every
     field with its limits, the power-sampling ones included.
   - Transport rules live here too, as pure functions the ingress calls: the bearer token
-    (`check_api_key`), the content type and charset (`check_content_type`), the headers' bounds and
+    (`check_api_key`), the content type and charset (`check_content_type`) and coding
+    (`check_content_encoding`: identity only; `check_transfer_encoding`: chunked only), the headers' bounds and
     the ones that must come once (`check_headers`), a client's request id (`safe_request_id`),
     routing errors in OpenAI's shape (`http_error`), a client that leaves (`client_disconnected`:
     one log line, no traceback), and the body of a 500, which never
@@ -49,8 +50,10 @@ from presto_ray.openai.errors import (
     ApiError,
     ErrorResponse,
     check_api_key,
+    check_content_encoding,
     check_content_type,
     check_headers,
+    check_transfer_encoding,
     client_disconnected,
     error_event,
     http_error,
@@ -82,7 +85,7 @@ __all__ = [
     "HTTP_FIGURES", "ApiError", "ChatCompletionChunk", "ChatCompletionResponse", "ChatMessage", "ChatRequest",
     "CompletionChunk", "CompletionRequest", "CompletionResponse", "ErrorResponse", "ModelList", "PowerSamplingStats",
     "PowerSamplingUsage", "Prepared", "ProgressEvent", "SampledChoice", "StatsResponse", "TokenLogprob", "Usage",
-    "check_api_key", "check_content_type", "check_headers", "choice_figures", "client_disconnected", "http_error",
+    "check_api_key", "check_content_encoding", "check_content_type", "check_headers", "check_transfer_encoding", "choice_figures", "client_disconnected", "http_error",
     "safe_request_id", "choice_from_result", "completion_response", "done_chunk",
     "error_event", "internal_error", "models_body", "openapi_route", "prepare", "progress_chunk", "progress_event",
     "request_usage", "sse_event", "stream_end", "usage_chunk", "usage_figures",

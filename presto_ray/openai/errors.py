@@ -128,6 +128,28 @@ def check_api_key(authorization: str | None, api_key: str | None) -> None:
         )
 
 
+def check_content_encoding(values: Sequence[str]) -> None:
+    """A POST body is read as it arrives: a `Content-Encoding` other than identity (gzip, br, ...)
+    is a 415 naming it, with `Accept-Encoding: identity` (RFC 7694), rather than its bytes read
+    as JSON (a plain body labelled gzip was accepted; a gzip one was a 400 about UTF-8)."""
+    codings = [c.strip().lower() for value in values for c in value.split(",")]
+    refused = [c for c in codings if c not in ("", "identity")]
+    if refused:
+        shown = ", ".join(dict.fromkeys(refused))
+        message = f"Content-Encoding {shown} is not supported: send the JSON body as it is (identity)"
+        raise ApiError(415, message, None, "invalid_request_error", {"Accept-Encoding": "identity"})
+
+
+def check_transfer_encoding(values: Sequence[str]) -> None:
+    """Only `chunked` framing is read: a transfer coding before it (`gzip, chunked`, which llhttp
+    passes on undecoded) is a 501, as RFC 9112 asks of a coding the server does not understand."""
+    codings = [c.strip().lower() for value in values for c in value.split(",")]
+    refused = [c for c in codings if c not in ("", "chunked")]
+    if refused:
+        shown = ", ".join(dict.fromkeys(refused))
+        raise ApiError(501, f"Transfer-Encoding {shown} is not supported: only chunked", None, "invalid_request_error")
+
+
 def check_content_type(content_type: str | None) -> None:
     """POST bodies must say they are JSON: a browser form (urlencoded, multipart, text/plain) could
     otherwise start sampling cross-origin without a CORS preflight."""
