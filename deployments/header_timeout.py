@@ -12,16 +12,17 @@ proxy's process before its uvicorn starts is the proxy callback (deployments/pro
 so that callback calls `bound_header_reads` once, which points uvicorn's "auto" protocol at
 `BoundedHeadersProtocol` (uvicorn loads protocols by import string, from `HTTP_PROTOCOLS`).
 Importing this module changes nothing; only that call does, and only in the process it runs in.
+The same class answers what uvicorn's parser refuses in OpenAI's error shape
+(deployments/parser_errors.py): it is the one protocol class of ours the proxy runs.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 from typing import cast
 
-from presto_ray.openai import ApiError
+from deployments.parser_errors import OpenAIParserErrors, error_answer
 
 HEADER_TIMEOUT_ENV = "PRESTO_RAY_HEADER_TIMEOUT_S"
 DEFAULT_HEADER_TIMEOUT_S = 10.0
@@ -38,8 +39,9 @@ def header_timeout_from_env() -> float:
 def bound_header_reads(timeout_s: float) -> None:
     """In this process, uvicorn's default HTTP protocol becomes one that answers 408 and closes a
     connection whose request headers have not all arrived `timeout_s` seconds after it opened
-    (or after the first byte of a next request on a kept-alive connection). Call it once, before
-    uvicorn starts; a second call replaces the bound."""
+    (or after the first byte of a next request on a kept-alive connection), and answers a
+    request its parser refuses in OpenAI's error shape. Call it once, before uvicorn starts; a
+    second call replaces the bound."""
     global BoundedHeadersProtocol
     import uvicorn.config
     from uvicorn.protocols.http.auto import AutoHTTPProtocol
@@ -50,11 +52,7 @@ def bound_header_reads(timeout_s: float) -> None:
 
 def timeout_answer(timeout_s: float) -> bytes:
     """The whole 408 response a late connection gets, in OpenAI's error shape, before it is closed."""
-    body = json.dumps(ApiError(408, f"the request headers did not arrive within {timeout_s:g} s", None, "timeout_error").body())
-    return (
-        "HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\nconnection: close\r\n"
-        f"content-length: {len(body)}\r\n\r\n{body}"
-    ).encode()
+    return error_answer(408, f"the request headers did not arrive within {timeout_s:g} s", "timeout_error")
 
 
 class HeaderDeadline(asyncio.Protocol):
@@ -107,8 +105,9 @@ class HeaderDeadline(asyncio.Protocol):
 
 def bounded_headers_protocol(base: type[asyncio.Protocol], timeout_s: float) -> type[asyncio.Protocol]:
     """`base` (uvicorn's httptools or h11 protocol) with a deadline of `timeout_s` for each
-    request's headers: HeaderDeadline mixed in before it."""
+    request's headers and its parser's refusals in OpenAI's shape: HeaderDeadline and
+    OpenAIParserErrors mixed in before it."""
     name = f"BoundedHeaders{base.__name__}"
     namespace = {"header_timeout_s": timeout_s, "late_answer": timeout_answer(timeout_s), "__module__": __name__, "__qualname__": name}
     # type() is typed as returning a bare `type`; this one is a subclass of `base`
-    return cast(type[asyncio.Protocol], type(name, (HeaderDeadline, base), namespace))
+    return cast(type[asyncio.Protocol], type(name, (HeaderDeadline, OpenAIParserErrors, base), namespace))

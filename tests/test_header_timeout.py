@@ -107,3 +107,73 @@ def test_the_bound_comes_from_the_environment(monkeypatch):
     assert header_timeout_from_env() == 10.0
     monkeypatch.setenv(HEADER_TIMEOUT_ENV, "3")
     assert header_timeout_from_env() == 3.0
+
+
+# --- what the parser refuses, in OpenAI's error shape (deployments/parser_errors.py) -------------
+JSON_POST = b"POST / HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+# (request, status under httptools, status under h11); None: that parser takes it (the app answers)
+REFUSED = {
+    "bad Content-Length": (JSON_POST + b"Content-Length: abc\r\n\r\n{}", 400, 400),
+    "negative Content-Length": (JSON_POST + b"Content-Length: -5\r\n\r\n{}", 400, 400),
+    "two Content-Lengths": (JSON_POST + b"Content-Length: 2\r\nContent-Length: 3\r\n\r\n{}", 400, 400),
+    "Content-Length and Transfer-Encoding": (JSON_POST + b"Content-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n", 400, None),
+    "bad chunk size": (JSON_POST + b"Transfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n", 400, 400),
+    "chunk longer than its size": (JSON_POST + b"Transfer-Encoding: chunked\r\n\r\n1\r\n{}\r\n0\r\n\r\n", 400, 400),
+    "gzip transfer coding": (JSON_POST + b"Transfer-Encoding: gzip, chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n", None, 501),
+    "NUL in a header": (b"GET / HTTP/1.1\r\nHost: x\r\nX-Secret-A: a\x00b\r\n\r\n", 400, 400),
+    "bare CR in a header": (b"GET / HTTP/1.1\r\nHost: x\r\nX-Secret-A: a\rb\r\n\r\n", 400, 400),
+    "space in a header name": (b"GET / HTTP/1.1\r\nHost: x\r\nX Secret: 1\r\n\r\n", 400, 400),
+    "unknown method": (b"FOO / HTTP/1.1\r\nHost: x\r\n\r\n", 501, None),
+    "malformed method": (b"G(T / HTTP/1.1\r\nHost: x\r\n\r\n", 400, 400),
+    "100 kB URL": (b"GET /?" + b"a" * 100_000 + b" HTTP/1.1\r\nHost: x\r\n\r\n", 414, None),
+    "non-ASCII URL": (b"GET /a\xffb HTTP/1.1\r\nHost: x\r\n\r\n", 400, 400),
+    "HTTP/9.9": (b"GET / HTTP/9.9\r\nHost: x\r\n\r\n", 505, None),
+    "binary garbage": (bytes(range(256)), 400, 400),
+}  # fmt: skip
+
+
+def test_requests_the_parser_refuses_get_the_openai_error_shape(bounded_uvicorn, request):
+    """Stock uvicorn answers each of these with a plain-text 400 ("Invalid HTTP request
+    received."); the proxy's protocol answers OpenAI's error body, a status that says why, and
+    closes the connection. The parser's reason is kept, the client's bytes never."""
+    import json
+
+    host, port = bounded_uvicorn
+    parser = request.node.callspec.params["bounded_uvicorn"]
+    answered = 0
+    for name, (head, httptools_status, h11_status) in REFUSED.items():
+        status = httptools_status if parser == "httptools" else h11_status
+        s = raw_request(host, port, head, 5)
+        answer = read_until_closed(s, time.monotonic() + (5 if status else 0.5))  # (a 200 keeps it open)
+        s.close()
+        if status is None:
+            assert answer.startswith(b"HTTP/1.1 200"), (name, answer[:200])
+            continue
+        assert answer.startswith(f"HTTP/1.1 {status} ".encode()) and answer.endswith(b"<closed>"), (name, answer[:300])
+        head_part, _, body = answer.removesuffix(b"<closed>").partition(b"\r\n\r\n")
+        assert b"content-type: application/json" in head_part.lower() and b"connection: close" in head_part.lower(), name
+        error = json.loads(body)["error"]
+        assert set(error) == {"message", "type", "param", "code"} and error["type"] == "invalid_request_error", (name, error)
+        assert error["message"] and "Invalid HTTP request received" not in error["message"], (name, error)
+        assert "Secret" not in error["message"] and "\\x" not in error["message"], (name, error)
+        answered += 1
+    assert answered >= 11
+    # and the server serves on
+    s = raw_request(host, port, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", 5)
+    assert read_until_closed(s, time.monotonic() + 1).startswith(b"HTTP/1.1 200")
+    s.close()
+
+
+def test_parser_refusals_say_why_without_the_clients_bytes():
+    from deployments.parser_errors import parser_refusal
+
+    class RemoteProtocolError(Exception):  # h11's, by its attributes
+        def __init__(self, message: str, error_status_hint: int = 400) -> None:
+            super().__init__(message)
+            self.error_status_hint = error_status_hint
+
+    status, message = parser_refusal(RemoteProtocolError("illegal header line: bytearray(b'X-Api-Key: hunter2')"))
+    assert status == 400 and message == "malformed HTTP request: illegal header line"
+    assert parser_refusal(RemoteProtocolError("Receive buffer too long", 431))[0] == 431
+    assert parser_refusal(RemoteProtocolError("Only Transfer-Encoding: chunked is supported", 501))[0] == 501
+    assert parser_refusal(None) == (400, "malformed HTTP request: unreadable request")
