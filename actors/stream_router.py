@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from ray import ObjectRef
 from ray.exceptions import RayActorError
 
-from actors.background_tasks import BackgroundTasks
+from actors.background_tasks import BackgroundTasks, outside_the_call
 from actors.coordinator_commands import AbortStreams, BoundStreams, Command, PollReplica, StartStreams, WakeChains, WakeStreams
 from actors.coordinator_core import CoordinatorCore
 from actors.metrics import CoordinatorMetrics
@@ -67,7 +67,9 @@ class StreamRouter:
         self._metrics.record_deduplicated(exchanged.deduplicated)
         starts = [c for c in exchanged.commands if isinstance(c, StartStreams)]
         self._carry_out([c for c in exchanged.commands if not isinstance(c, StartStreams)])
-        await asyncio.gather(*(self._start(c) for c in starts))  # sent before this chain waits
+        # sent before this chain waits, and in background tasks (shielded): the starts may serve
+        # other chains too, so a chain whose call is cancelled must not cancel them
+        await asyncio.gather(*(asyncio.shield(self._tasks.spawn(self._start(c))) for c in starts))
         ready = self._ready.setdefault(chain_id, asyncio.Event())
         while (update := self.book.take_update(chain_id, exchanged.generation)) is None:
             ready.clear()
@@ -85,12 +87,15 @@ class StreamRouter:
             self._tasks.spawn(self._start(command))
         elif isinstance(command, WakeStreams):
             self._metrics.streams.record_wakes(len(command.wakes))
-            self._fire(self._replica(command.replica).stream_wake.remote(list(command.wakes)))
+            replica, wakes = self._replica(command.replica), list(command.wakes)
+            self._fire(lambda: replica.stream_wake.remote(wakes))
         elif isinstance(command, BoundStreams):
-            self._fire(self._replica(command.replica).stream_bounds.remote(list(command.bounds)))
+            replica, bounds = self._replica(command.replica), list(command.bounds)
+            self._fire(lambda: replica.stream_bounds.remote(bounds))
         elif isinstance(command, AbortStreams):
             self._metrics.streams.record_aborts(len(command.stream_ids))
-            self._fire(self._replica(command.replica).stream_abort.remote(list(command.stream_ids)))
+            replica, stream_ids = self._replica(command.replica), list(command.stream_ids)
+            self._fire(lambda: replica.stream_abort.remote(stream_ids))
         elif isinstance(command, PollReplica):
             if command.replica not in self._pollers:
                 self._pollers[command.replica] = self._tasks.spawn(self._poll(command.replica))
@@ -109,8 +114,11 @@ class StreamRouter:
             return
         self._metrics.streams.record_starts(len(command.starts))
 
-    def _fire(self, reference: ObjectRef[None]) -> None:
-        """Send without waiting: a lost replica shows up in its poller, which re-sends its streams."""
+    def _fire(self, call: Callable[[], ObjectRef[None]]) -> None:
+        """Send without waiting: a lost replica shows up in its poller, which re-sends its streams.
+        Sent now, outside the chain call being served: Ray cancels the calls a cancelled call made
+        with it, and an abort, wake or bound serves every chain that shares the stream."""
+        reference = outside_the_call().run(call)
 
         async def send() -> None:
             try:

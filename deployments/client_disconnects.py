@@ -15,11 +15,11 @@ import asyncio
 import contextvars
 from collections.abc import Hashable, Sequence
 
-import ray
 from ray.exceptions import TaskCancelledError
 from ray.serve.handle import DeploymentHandle
 from starlette.requests import ClientDisconnect
 
+from actors.background_tasks import outside_the_call
 from actors.coordinator import CoordinatorHandle
 from presto_ray.openai import client_disconnected
 
@@ -43,12 +43,9 @@ def outside_the_request() -> contextvars.Context:
     variable Ray's recursive cancellation follows). Calls made in it outlive the request's
     cancellation: a chain's `chain_finished` that was in flight when its client left is
     cancelled with the request, so the coordinator never heard that the chain ended and
-    expired it after chain_idle_timeout_s; the ingress says it again from here."""
-    context = contextvars.copy_context()
-    current_task_id = getattr(getattr(ray, "_raylet", None), "async_task_id", None)
-    if current_task_id is not None:
-        context.run(current_task_id.set, None)
-    return context
+    expired it after chain_idle_timeout_s; the ingress says it again from here. (The
+    coordinator runs its background work the same way: actors/background_tasks.py.)"""
+    return outside_the_call()
 
 
 class DisconnectReports:
