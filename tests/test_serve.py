@@ -38,7 +38,9 @@ st = hypothesis.strategies
 TOY = {
     "engine": {"kind": "toy", "vocab_size": 48, "logit_scale": 3.0, "eos_bias": -2.0, "max_model_len": 512},
     "sampler": {"block_size": 8, "mh_steps": 4, "prefetch_budget": 4, "seed": 0, "schedule": "rounds"},
-    "serve": {"request_read_timeout_s": READ_TIMEOUT_S},
+    # LONG (below) is long on purpose: its bound (2 x 16,016 events x budget x 128 tokens) is over
+    # the default serve.max_request_tokens at the budgets some tests give it
+    "serve": {"request_read_timeout_s": READ_TIMEOUT_S, "max_request_tokens": 100_000_000},
 }
 KEY = "test-secret"
 
@@ -834,3 +836,137 @@ def test_calls_outside_the_request_outlive_its_cancellation(serve_base_url):
         assert ray.get(heard.said_once_told.remote("outside", 30.0)) == ["outside"]
     finally:
         serve.delete("leaves")
+
+
+# --- issue 34: what the parser refuses, codings, long integers, the token bound, disconnects ------
+def _raw_answer(url: str, head: bytes, timeout_s: float = 10.0) -> bytes:
+    import time
+    from urllib.parse import urlparse
+
+    parsed = urlparse(url)
+    s = raw_request(parsed.hostname, parsed.port, head, timeout_s)
+    try:
+        return read_until_closed(s, time.monotonic() + timeout_s)
+    finally:
+        s.close()
+
+
+def _openai_error_answer(answer: bytes, status: int) -> dict:
+    head, _, body = answer.removesuffix(b"<closed>").partition(b"\r\n\r\n")
+    assert head.startswith(f"HTTP/1.1 {status} ".encode()), answer[:300]
+    if b"transfer-encoding: chunked" in head.lower():
+        size, _, rest = body.partition(b"\r\n")
+        body = rest[: int(size, 16)]
+    parsed = json.loads(body)
+    assert set(parsed) == {"error"} and parsed["error"]["message"] and parsed["error"]["type"], parsed
+    return parsed["error"]
+
+
+def test_requests_the_proxys_parser_refuses_get_the_openai_error_shape(toy_service, serve_base_url):
+    """Over Serve's proxy (its uvicorn's protocol set by the proxy callback): these got a
+    plain-text 400 "Invalid HTTP request received." (in process, on both parsers:
+    tests/test_header_timeout.py); and Serve's proxy's own answer to a path no application
+    serves was plain text too (deployments/proxy_errors.py)."""
+    url, _ = toy_service
+    r = httpx.get(f"{serve_base_url}/no-application-here", timeout=60)
+    assert openai_error(r, 404)["type"] == "not_found_error" and r.headers["content-type"] == "application/json"
+    post = b"POST /toy/v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    for head, status in [
+        (post + b"Content-Length: abc\r\n\r\n{}", 400),
+        (post + b"Content-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n", 400),
+        (post + b"Transfer-Encoding: chunked\r\n\r\nzz\r\n{}\r\n0\r\n\r\n", 400),
+        (b"GET /toy/v1/models HTTP/1.1\r\nHost: x\r\nX-A: a\x00b\r\n\r\n", 400),
+        (b"FOO /toy/v1/models HTTP/1.1\r\nHost: x\r\n\r\n", 501),
+        (b"GET /toy/v1/models?" + b"a" * 100_000 + b" HTTP/1.1\r\nHost: x\r\n\r\n", 414),
+    ]:
+        answer = _raw_answer(url, head)
+        assert answer.endswith(b"<closed>"), answer[:300]
+        error = _openai_error_answer(answer, status)
+        assert "Invalid HTTP request received" not in error["message"], error
+    # a transfer coding llhttp passes on undecoded reaches the ingress, which refuses it
+    answer = _raw_answer(url, post + b"Transfer-Encoding: gzip, chunked\r\nConnection: close\r\n\r\n2\r\n{}\r\n0\r\n\r\n")
+    assert "Transfer-Encoding gzip" in _openai_error_answer(answer, 501)["message"]
+    assert httpx.post(f"{url}/v1/completions", json=GOOD, timeout=60).status_code == 200
+
+
+def test_codings_long_integers_and_the_token_bound_over_http(toy_service):
+    import gzip
+    import time
+
+    url, config = toy_service
+    plain = json.dumps(GOOD).encode()
+    for body in (plain, gzip.compress(plain)):  # a plain body labelled gzip was sampled; a gzip one was a 400 about UTF-8
+        r = httpx.post(f"{url}/v1/completions", content=body, headers={"content-type": "application/json", "content-encoding": "gzip"}, timeout=60)
+        assert "Content-Encoding gzip" in openai_error(r, 415)["message"] and r.headers["accept-encoding"] == "identity"
+    for field in ("max_tokens", "seed"):  # a 500 (json.loads' ValueError past Python's int-string limit)
+        raw = json.dumps({k: v for k, v in GOOD.items() if k != field})[:-1] + f', "{field}": {"9" * 5000}}}'
+        r = httpx.post(f"{url}/v1/completions", content=raw.encode(), headers={"content-type": "application/json"}, timeout=60)
+        error = openai_error(r, 400)
+        assert error["param"] == field and "5,000 digits" in error["message"], error
+    # n 16 x 1,000 steps x 2,048 tokens: within every per-field limit, refused at once by its bound
+    started = time.monotonic()
+    with pytest.raises(openai.BadRequestError) as caught:
+        client(url).completions.create(model="toy", prompt="hi", n=16, max_tokens=2048, extra_body={"mh_steps": 1000})
+    assert time.monotonic() - started < 30 and caught.value.body["param"] == "mh_steps"
+    assert "serve.max_request_tokens" in caught.value.body["message"] and "100,000,000" in caught.value.body["message"]
+    # chat's max_completion_tokens is its horizon, as max_tokens is
+    messages = [{"role": "user", "content": "Name a colour."}]
+    c = client(url)
+    named = c.chat.completions.create(model="toy", messages=messages, max_completion_tokens=8, seed=9)
+    assert named.choices[0].message.content == c.chat.completions.create(model="toy", messages=messages, max_tokens=8, seed=9).choices[0].message.content
+    with pytest.raises(openai.BadRequestError) as caught:
+        c.chat.completions.create(model="toy", messages=messages, max_completion_tokens=8, max_tokens=16)
+    assert caught.value.body["param"] == "max_completion_tokens"
+
+
+def _session_worker_logs() -> dict[str, str]:
+    """Every worker's and Serve replica's log of this Ray session (the coordinator, the engine
+    replicas, the ingress and pool replicas, ...), by file."""
+    import glob
+
+    from ray._private import worker
+
+    logs_dir = worker._global_node.get_logs_dir_path()
+    logs = {}
+    for path in glob.glob(f"{logs_dir}/worker-*") + glob.glob(f"{logs_dir}/serve/*.log"):
+        with open(path, errors="replace") as f:
+            logs[path] = f.read()
+    return logs
+
+
+def test_disconnects_under_streaming_log_no_task_exception_anywhere(serve_base_url):
+    """Clients that leave mid-request on a streaming service: the coordinator logged "Task
+    exception was never retrieved / TaskCancelledError" (its fire-and-forget aborts, wakes and
+    bounds were cancelled with the chain call that sent them: 16 for 32 disconnects). No
+    process of the session logs a traceback for them now."""
+    from ray import serve
+
+    from deployments.serve_app import app_for
+
+    config = JobConfig.model_validate({**TOY, "sampler": {**TOY["sampler"], "schedule": "streaming", "prefetch_budget": 16}})
+    serve.run(app_for(config), name="leaving", route_prefix="/leaving")
+    url = f"{serve_base_url}/leaving"
+    try:
+        assert httpx.post(f"{url}/v1/completions", json=GOOD, timeout=120).status_code == 200
+        before_logs, before = _session_worker_logs(), service_stats(url)
+        leaving = 8
+        for i in range(leaving):
+            body = {**LONG, "seed": 100 + i}
+            if i % 2 == 0:
+                with httpx.stream("POST", f"{url}/v1/completions", json={**body, "stream": True}, timeout=60) as response:
+                    next(line for line in response.iter_lines() if line.startswith("data:"))
+            else:
+                with pytest.raises(httpx.ReadTimeout):
+                    httpx.post(f"{url}/v1/completions", json=body, timeout=httpx.Timeout(60, read=1.0))
+        wait_for_disconnects(url, before["client_disconnects"] + leaving, timeout=60)
+        wait_for_idle(url, before["chains_finished"] + 2 * leaving, timeout=60)
+
+        def new_logs() -> str:
+            return "".join(text[len(before_logs.get(path, "")):] for path, text in _session_worker_logs().items())
+
+        new = wait_for(lambda: (text := new_logs()).count("client disconnected") >= leaving and text, 30, "the disconnect lines")
+        for word in ("Task exception was never retrieved", "TaskCancelledError", "Traceback"):
+            assert word not in new, new[max(0, new.find(word) - 1500):][:4000]
+        assert service_stats(url)["chains_expired"] == before["chains_expired"]
+    finally:
+        serve.delete("leaving")
