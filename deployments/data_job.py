@@ -20,29 +20,25 @@ checkpoint does not give are kept here: one live writer per output folder (`Outp
 paths and shared volumes only; object storage has no exclusive create, so a URI output takes no
 lock and one job per output URI is the user's to ensure, docs/ray.md), and a
 refusal to resume a folder written with another sampler config, engine, model or chain count
-(`.presto-ray-job.json`).
+(`.presto-ray-job.json`; the folder's other files: deployments/job_folder.py). The job reads a
+snapshot of its input taken before Ray starts (deployments/job_input.py), so rows written to
+the input while it runs are neither read nor sampled.
 """
 
 from __future__ import annotations
 
+import errno
 import gc
-import io
 import json
 import logging
 import socket
 import time
-from abc import ABC, abstractmethod
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Iterator
+from typing import TYPE_CHECKING, Iterator
 
-import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.dataset as pads
 import pyarrow.fs as pafs
-import pyarrow.parquet as pq
 import ray.data
 from ray.data.checkpoint import CheckpointConfig
 from ray.exceptions import RayTaskError
@@ -51,21 +47,24 @@ from actors.cluster import ensure_ray
 from actors.sampling_stage import PowerSamplingStage
 from actors.stage_base import BadPromptRow, JobFailed, SamplingStage, StageFailure
 from deployments.checkpoint_filter import content_checkpoint_filter
+from deployments.job_folder import CHECKPOINT_DIR, JOB_RECORD, check_job_record, count_rows, data_files, discard_uncommitted, refuse_changed_prompts
+from deployments.job_input import InputSnapshot, filesystem, first_line, join, prompt_input
 from deployments.processor import ProcessorConfig, build_power_sampling_processor, processor_config
-from presto_ray.data_columns import ERROR_COLUMN, INPUT_KEY_COLUMN, InputColumnsConfig, input_key, key_id
+from presto_ray.data_columns import INPUT_KEY_COLUMN
 from presto_ray.engines.base import CallAccounting
 from presto_ray.job import JobConfig, engine_identity
-from presto_ray.output import OutputLock, check_output_folder
-from presto_ray.prompts import PromptFileError, check_ids, parse_jsonl_lines
+from presto_ray.output import OutputLock, OutputPathError, check_output_folder, io_error_text
 
-CHECKPOINT_DIR = ".ray-checkpoint"  # inside the output folder; readers skip dot-folders
-JOB_RECORD = ".presto-ray-job.json"
 __all__ = [
-    "BadPromptRow", "DataJobSummary", "JobFailed", "commit_sized", "connect_ray", "filesystem", "processor_config", "run_data_job",
+    "CHECKPOINT_DIR", "BadPromptRow", "DataJobSummary", "JobFailed", "commit_sized", "connect_ray", "filesystem",
+    "processor_config", "run_data_job",
 ]  # fmt: skip
 
 if TYPE_CHECKING:
     from actors.engine_replica import ReplicaHandle
+
+# errors of the output's storage, not of the job: a write failing with one is the user's to fix
+STORAGE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM}
 
 
 @dataclass
@@ -80,6 +79,7 @@ class DataJobSummary:
     early_stop_tokens_left: int = 0
     wall_time_s: float = 0.0
     new_files: list[str] = field(default_factory=list)
+    input_changed: bool = False  # the input was written while the job ran (its snapshot was sampled)
 
     @property
     def rows_per_s(self) -> float:
@@ -93,140 +93,10 @@ class DataJobSummary:
             f"generated tokens     {self.engine.generated_tokens}",
             f"stopped early        {self.early_stopped_requests} requests, {self.early_stop_tokens_left} tokens left unused",
             f"wall time            {self.wall_time_s:.2f} s ({self.rows_per_s:.1f} rows/s)",
-        ] + ([f"resumed              {self.skipped} finished pairs skipped"] if self.skipped else [])
-
-
-def filesystem(uri: str) -> tuple[pafs.FileSystem, str, bool]:
-    """(filesystem, path in it, is local) for a local path or any URI pyarrow accepts."""
-    if "://" not in uri:
-        path = str(Path(uri).resolve())
-        return pafs.LocalFileSystem(), path, True
-    fs, path = pafs.FileSystem.from_uri(uri)
-    return fs, path, isinstance(fs, pafs.LocalFileSystem)
-
-
-class PromptInput(ABC):
-    """The prompt file or folder of a job, by its kind: JSONL (`.jsonl`, `.json`) or Parquet (a
-    `.parquet` file or a folder). `prompt_input` is the one place that tells them apart."""
-
-    def __init__(self, uri: str, fs: pafs.FileSystem, path: str, info: pafs.FileInfo) -> None:
-        self.uri, self.fs, self.path, self.info = uri, fs, path, info
-
-    @abstractmethod
-    def read(self) -> ray.data.Dataset:
-        """The rows, streamed by Ray Data's reader."""
-
-    @abstractmethod
-    def ids(self, id_field: str) -> Iterator[tuple[str, Any]]:
-        """(where, id) of every row, read in the driver keeping only the ids."""
-
-
-class JsonlInput(PromptInput):
-    def read(self) -> ray.data.Dataset:
-        # Ray's pandas reader keeps a row whose field has another type (e.g. a number for a
-        # prompt), so that row, not the whole read, gets the error; lines=True takes no filesystem
-        return ray.data.read_json(self.uri if "://" in self.uri else self.path, lines=True)
-
-    def ids(self, id_field: str) -> Iterator[tuple[str, Any]]:
-        """Line by line: bad bytes or JSON name their line, as in process."""
-        if self.info.type != pafs.FileType.File:
-            raise PromptFileError(f"{self.uri}: is a directory; give a JSONL file (or a folder of Parquet files)")
-        with self.fs.open_input_stream(self.path) as f:
-            for lineno, row in parse_jsonl_lines(io.BufferedReader(f), self.uri):
-                if not isinstance(row, dict):
-                    raise PromptFileError(f"{self.uri} line {lineno}: expected an object with '{id_field}' and a prompt")
-                yield f"{self.uri} line {lineno}", row.get(id_field)
-
-
-class ParquetInput(PromptInput):
-    def read(self) -> ray.data.Dataset:
-        return ray.data.read_parquet(self.path, filesystem=self.fs)
-
-    def ids(self, id_field: str) -> Iterator[tuple[str, Any]]:
-        """Only the id column is read."""
-        try:
-            dataset = pads.dataset(self.path, filesystem=self.fs, format="parquet", exclude_invalid_files=False)
-            if id_field not in dataset.schema.names:
-                raise PromptFileError(f"{self.uri}: no '{id_field}' column; every row needs an id")
-            row = 0
-            for batch in dataset.to_batches(columns=[id_field]):
-                for value in batch.column(0).to_pylist():
-                    yield f"{self.uri} row {row}", value
-                    row += 1
-        except (pa.ArrowException, OSError) as e:
-            raise PromptFileError(f"{self.uri}: not a readable Parquet file ({_first_line(e)})") from None
-
-
-def prompt_input(uri: str) -> PromptInput:
-    """The job's input at `uri` (a local path or any URI pyarrow accepts), by its kind."""
-    fs, path, _ = filesystem(uri)
-    info = fs.get_file_info(path)
-    if info.type == pafs.FileType.NotFound:
-        raise PromptFileError(f"{uri}: no such file")
-    if uri.endswith((".jsonl", ".json")):
-        return JsonlInput(uri, fs, path, info)
-    if uri.endswith(".parquet") or info.type == pafs.FileType.Directory:
-        return ParquetInput(uri, fs, path, info)
-    raise PromptFileError(f"{uri}: expected a .jsonl/.json file or Parquet (a .parquet file or a folder)")
-
-
-def read_prompt_rows(uri: str) -> ray.data.Dataset:
-    """The input's rows, streamed by Ray Data's readers; the driver never loads them."""
-    return prompt_input(uri).read()
-
-
-def _check_job_record(fs: pafs.FileSystem, out: str, record: dict) -> None:
-    """Refuse to resume a folder written with other settings; record them on its first run."""
-    path = f"{out}/{JOB_RECORD}"
-    if fs.get_file_info(path).type == pafs.FileType.File:
-        with fs.open_input_stream(path) as f:
-            previous = json.loads(f.read())
-        changed = [key for key in record if previous.get(key) != record[key]]
-        if changed:
-            what = "another sampler configuration" if "sampler" in changed else f"other {', '.join(changed)}"
-            raise ValueError(
-                f"{out} holds samples drawn with {what}; write to a new output folder or remove it"
-            )
-        return
-    fs.create_dir(out, recursive=True)
-    tmp = f"{path}.tmp"
-    with fs.open_output_stream(tmp) as f:
-        f.write(json.dumps(record, indent=2).encode())
-    fs.move(tmp, path)  # atomic on local disks; object stores write whole objects anyway
-
-
-def _data_files(fs: pafs.FileSystem, out: str) -> set[str]:
-    if fs.get_file_info(out).type != pafs.FileType.Directory:
-        return set()
-    infos = fs.get_file_info(pafs.FileSelector(out, recursive=False))
-    return {i.path for i in infos if i.type == pafs.FileType.File and i.base_name.endswith(".parquet")
-            and not i.base_name.startswith((".", "_"))}  # fmt: skip
-
-
-@dataclass
-class WrittenRows:
-    """What a set of output files holds: rows, error rows, and the early-rejection figures summed."""
-
-    rows: int = 0
-    errors: int = 0
-    early_stopped_requests: int = 0
-    early_stop_tokens_left: int = 0
-
-
-EARLY_STOP_COLUMNS = ("early_stopped_requests", "early_stop_tokens_left")
-
-
-def _count(fs: pafs.FileSystem, files: Iterable[str]) -> WrittenRows:
-    """Rows, error rows and early-stop figures in these files, reading only those columns."""
-    written = WrittenRows()
-    for path in files:
-        with fs.open_input_file(path) as f:
-            table = pq.read_table(f, columns=[ERROR_COLUMN, *EARLY_STOP_COLUMNS])
-        written.rows += table.num_rows
-        written.errors += table.num_rows - table.column(ERROR_COLUMN).null_count
-        written.early_stopped_requests += pc.sum(table.column("early_stopped_requests")).as_py() or 0
-        written.early_stop_tokens_left += pc.sum(table.column("early_stop_tokens_left")).as_py() or 0
-    return written
+        ] + ([f"resumed              {self.skipped} finished pairs skipped"] if self.skipped else []) + (
+            ["input changed        while the job ran: it sampled the rows the input had at its start; rerun for the rest"]
+            if self.input_changed else []
+        )  # fmt: skip
 
 
 @contextmanager
@@ -234,16 +104,18 @@ def _data_context(checkpoint: CheckpointConfig | None, progress: bool) -> Iterat
     """Ray Data's process-wide settings for one job (checkpoint, progress bars, its logger's
     level: quiet hides its INFO lines too), restored afterwards for the next job in the process."""
     context = ray.data.DataContext.get_current()
-    data_logger = logging.getLogger("ray.data")
-    saved = context.checkpoint_config, context.enable_progress_bars, data_logger.level
+    data_logger, bars_logger = logging.getLogger("ray.data"), logging.getLogger("ray.data._internal.progress")
+    saved = context.checkpoint_config, context.enable_progress_bars, data_logger.level, bars_logger.level
     context.checkpoint_config, context.enable_progress_bars = checkpoint, progress
     if not progress:
         data_logger.setLevel(logging.WARNING)
+        bars_logger.setLevel(logging.ERROR)  # its "Progress bars disabled. To enable, ..." advice: asked for
     try:
         yield
     finally:
-        context.checkpoint_config, context.enable_progress_bars, level = saved
+        context.checkpoint_config, context.enable_progress_bars, level, bars_level = saved
         data_logger.setLevel(level)
+        bars_logger.setLevel(bars_level)
 
 
 @contextmanager
@@ -261,11 +133,41 @@ def _stage_failures_as_they_are() -> Iterator[None]:
         context.raise_original_map_exception = saved
 
 
-def _stage_failure(error: Exception) -> Exception:
-    """The stage's own failure behind Ray's error (`RayTaskError.cause`: a fresh copy, which holds
-    none of the failed execution's frames), else Ray's error itself."""
-    cause = error.cause if isinstance(error, RayTaskError) else None
-    return cause if isinstance(cause, StageFailure) else error
+class _HeldErrors(logging.Filter):
+    """Ray Data's ERROR lines on the console, held while a job runs (its log file keeps them)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+        self.said_in_one_line = False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.ERROR:
+            self.records.append(record)
+            return False
+        return True
+
+
+@contextmanager
+def _ray_data_errors() -> Iterator[_HeldErrors]:
+    """Ray Data logs a failed execution's exception on the console, a traceback or two (~250
+    lines for a write on a full disk), before raising it. Held while the job runs: dropped when
+    the failure is ours to say in one line (a stage failure, the output's storage), shown
+    otherwise."""
+    held = _HeldErrors()
+    handlers = [h for h in logging.getLogger("ray.data").handlers if isinstance(h, logging.StreamHandler)
+                and not isinstance(h, logging.FileHandler) and type(h).__name__ != "SessionFileHandler"]  # fmt: skip
+    for handler in handlers:
+        handler.addFilter(held)
+    try:
+        yield held
+    finally:
+        for handler in handlers:
+            handler.removeFilter(held)
+        if not held.said_in_one_line:
+            for record in held.records:
+                for handler in handlers:
+                    handler.handle(record)
 
 
 def run_data_job(
@@ -280,24 +182,31 @@ def run_data_job(
 ) -> DataJobSummary:
     """Run every row of `prompts` not yet in `out` through `stage` (by default prompt rows, each
     sampled by `chains_per_prompt` chains); `config` a job config, or a ProcessorConfig (see
-    `processor_config`: e.g. `fail_fast`). Batches hold at most `ray.commit_pairs` pairs."""
+    `processor_config`: e.g. `fail_fast`). Batches hold at most `ray.commit_pairs` pairs. The
+    rows are those of a snapshot of `prompts` taken before Ray starts."""
     settings = commit_sized(processor_config(config))
     job = settings.job
     stage.check_job(job)
     fs, out_path, local = filesystem(out)
-    # before Ray starts, hence before any work: the output can be written and is not the input,
-    # and every row of the input has its own id (two rows of one id would share their chains)
-    check_prompt_ids(prompts, settings.columns)
+    source = prompt_input(prompts)
+    new_folder = fs.get_file_info(out_path).type == pafs.FileType.NotFound
+    # before Ray starts, hence before any work: the output can be written and is not the input
     if local:
         check_output_folder(out_path, None if "://" in prompts else str(Path(prompts).resolve()), JOB_RECORD)
     elif fs.get_file_info(out_path).type == pafs.FileType.File:
         raise ValueError(f"{out} is a file; the job writes a folder of Parquet files")
-    connect_ray(address, progress)
     lock = OutputLock(out_path) if local else None  # object stores have no exclusive create
     start = time.perf_counter()
-    if lock:
-        lock.acquire()
+    snapshot: InputSnapshot | None = None
+    started = False
     try:
+        if lock:
+            lock.acquire()
+            InputSnapshot.remove_stale(fs, out_path)  # no other live run: what is there, killed runs left
+        # the job reads this copy, whose every row has its own id (two rows of one id would share
+        # their chains), so rows written to the input from now on are not sampled
+        snapshot = InputSnapshot(source, out, fs, out_path, settings.columns.id)
+        connect_ray(address, progress)
         record = {
             "sampler": job.sampler.model_dump(mode="json"),
             "engine": json.loads(engine_identity(job.engine)),
@@ -306,18 +215,19 @@ def run_data_job(
             "checkpoint_key": INPUT_KEY_COLUMN,  # older folders were keyed by id alone
         }
         record.update(stage.JOB_RECORD)  # what the stage's rows are; prompt rows record nothing, as older folders
-        _check_job_record(fs, out_path, record)
-        _refuse_changed_prompts(prompts, out, fs, out_path, settings.columns)
-        before = _data_files(fs, out_path)
-        summary = DataJobSummary()
+        check_job_record(fs, out_path, record)
+        with _data_context(None, False):  # a plain read: no checkpoint, no bars
+            refuse_changed_prompts(snapshot.input, out, fs, out_path, settings.columns)
+        before = data_files(fs, out_path)
         checkpoint = CheckpointConfig(
             id_column=INPUT_KEY_COLUMN,
-            checkpoint_path=_join(out, CHECKPOINT_DIR),
+            checkpoint_path=join(out, CHECKPOINT_DIR),
             delete_checkpoint_on_success=False,  # a rerun of a finished job must find it: nothing to do
             checkpoint_filter_cls=content_checkpoint_filter(settings.columns),
         )
-        with _data_context(checkpoint, progress), _stage_failures_as_they_are():
-            prompt_rows = read_prompt_rows(prompts)  # after the checkpoint config: the read filters done ids
+        started = True
+        with _data_context(checkpoint, progress), _stage_failures_as_they_are(), _ray_data_errors() as held:
+            prompt_rows = snapshot.input.read()  # after the checkpoint config: the read filters done ids
             with build_power_sampling_processor(settings, stage=stage, address=address, replicas=replicas) as processor:
                 failure = None
                 try:
@@ -327,29 +237,70 @@ def run_data_job(
                     batches = prompt_rows.repartition(target_num_rows_per_block=settings.batch_size, strict=True)
                     processor(batches).write_parquet(out_path, filesystem=fs)
                 except Exception as e:  # Ray wraps the stage's errors: surface ours as themselves
-                    failure = _stage_failure(e)
+                    failure = _own_failure(e, out)
                 if failure is not None:
                     # raised out here, not in the handler (whose exception would become its
                     # __context__): Ray's exception holds the failed execution, whose actor pools
                     # keep their CPUs until it is collected, and the next job in this process (a
                     # rerun, a test) would wait for them
                     gc.collect()
+                    held.said_in_one_line = isinstance(failure, (StageFailure, OutputPathError))
                     raise failure
-                snapshot = processor.snapshot()
-        summary.engine, summary.resent_requests = snapshot.accounting, snapshot.counters.resent_requests
-        summary.streamed_requests = snapshot.counters.streamed_requests
-        after = _data_files(fs, out_path)
+                figures = processor.snapshot()
+        summary = DataJobSummary(input_changed=snapshot.changed())
+        summary.engine, summary.resent_requests = figures.accounting, figures.counters.resent_requests
+        summary.streamed_requests = figures.counters.streamed_requests
+        after = data_files(fs, out_path)
         summary.new_files = sorted(after - before)
         # files a killed run left uncommitted are deleted by this run's write: they do not count
-        summary.skipped = _count(fs, before & after).rows
-        written = _count(fs, summary.new_files)
+        summary.skipped = count_rows(fs, before & after).rows
+        written = count_rows(fs, summary.new_files)
         summary.errors, summary.samples = written.errors, written.rows - written.errors
         summary.early_stopped_requests, summary.early_stop_tokens_left = written.early_stopped_requests, written.early_stop_tokens_left
+    except BaseException:
+        if started:  # a write cut short (a full disk, a failed job) leaves no half-written file
+            try:
+                discard_uncommitted(fs, out_path)
+            except Exception:  # the failure itself is what to say; the next run's read cleans up too
+                pass
+        elif new_folder and local:  # refused before any work: the folder it made goes too
+            _remove_if_empty(Path(out_path), snapshot, lock)
+        raise
     finally:
+        if snapshot is not None:
+            snapshot.remove()
         if lock:
             lock.release()
     summary.wall_time_s = time.perf_counter() - start
     return summary
+
+
+def _own_failure(error: Exception, out: str) -> Exception:
+    """The failure to raise: the stage's own (`RayTaskError.cause`: a fresh copy, which holds none
+    of the failed execution's frames), a write that the output's storage refused (a full disk:
+    one OutputPathError), else Ray's error itself."""
+    cause = error.cause if isinstance(error, RayTaskError) else None
+    if isinstance(cause, StageFailure):
+        return cause
+    storage = next((e for e in (cause, error) if isinstance(e, OSError) and e.errno in STORAGE_ERRNOS), None)
+    if storage is not None:
+        return OutputPathError(
+            f"--out {out}: cannot write the samples ({io_error_text(storage)}); the files committed so far "
+            "are kept (a rerun resumes from them) and the one cut short is removed"
+        )
+    return error
+
+
+def _remove_if_empty(folder: Path, snapshot: InputSnapshot | None, lock: OutputLock | None) -> None:
+    if snapshot is not None:
+        snapshot.remove()
+    if lock:
+        lock.release()
+    for empty in (folder / ".presto-ray-input", folder):
+        try:
+            empty.rmdir()
+        except OSError:
+            pass
 
 
 def commit_sized(config: ProcessorConfig) -> ProcessorConfig:
@@ -365,53 +316,6 @@ def commit_sized(config: ProcessorConfig) -> ProcessorConfig:
     return config.model_copy(update={"batch_size": batch_size, "batches_per_actor": batches_per_actor})
 
 
-def check_prompt_ids(prompts: str, columns: InputColumnsConfig) -> int:
-    """Stream the input once in the driver before the job: every row has an id that no other row
-    has (only the ids are kept). Returns the row count."""
-    return check_ids(prompt_input(prompts).ids(columns.id), prompts, columns.id)
-
-
-def _refuse_changed_prompts(prompts: str, out: str, fs: pafs.FileSystem, out_path: str, columns: InputColumnsConfig) -> None:
-    """A rerun into a folder that sampled an id under other prompt fields is refused before any
-    work, naming the ids: the folder keeps exactly one row per (prompt, chain). Costs one read of
-    the input through Ray Data (the checkpoint filter's own key, so both agree), only on reruns."""
-    checkpoint = f"{out_path}/{CHECKPOINT_DIR}"
-    if fs.get_file_info(checkpoint).type != pafs.FileType.Directory:
-        return
-    committed = [
-        i.path for i in fs.get_file_info(pafs.FileSelector(checkpoint, recursive=False))
-        if i.type == pafs.FileType.File and i.base_name.endswith(".parquet") and ".pending" not in i.base_name
-    ]  # fmt: skip
-    keys: set[str] = set()
-    for file in committed:
-        with fs.open_input_file(file) as f:
-            keys.update(str(k) for k in pq.read_table(f, columns=[INPUT_KEY_COLUMN]).column(0).to_pylist())
-    if not keys:
-        return
-    ids = {key_id(k) for k in keys}
-    with _data_context(None, False):  # a plain read: no checkpoint, no bars
-        changed_ids = partial(_changed_ids, keys=keys, ids=ids, columns=columns)
-        found = read_prompt_rows(prompts).map_batches(changed_ids, batch_format="pyarrow").take_all()
-    changed = sorted({row["id"] for row in found})
-    if changed:
-        shown = ", ".join(repr(i) for i in changed[:5]) + (f" and {len(changed) - 5} more" if len(changed) > 5 else "")
-        raise ValueError(
-            f"{out} sampled {len(changed)} id(s) with other prompt text: {shown}; their samples stay and "
-            "nothing was sampled. Give each edited prompt a new id, or write to a new output folder"
-        )
-
-
-def _changed_ids(batch: pa.Table, keys: set[str], ids: set[str], columns: InputColumnsConfig) -> pa.Table:
-    """The ids of a batch's rows whose id was written under another key (the filter's rule)."""
-    present = [c for c in columns.prompt_fields if c in batch.column_names]
-    changed = []
-    for row in batch.select(present).to_pylist():
-        key = input_key(row, columns)
-        if key not in keys and key_id(key) in ids:
-            changed.append(key_id(key))
-    return pa.table({"id": pa.array(changed, pa.string())})
-
-
 def connect_ray(address: str | None, progress: bool = True) -> None:
     """Join the cluster at `address` (or start a local Ray); an unreachable address is a one-line
     ValueError naming it, not Ray's retries and tracebacks."""
@@ -419,7 +323,7 @@ def connect_ray(address: str | None, progress: bool = True) -> None:
     try:
         ensure_ray(address, quiet=not progress)
     except (ConnectionError, TimeoutError) as e:
-        raise ValueError(f"--address {address}: cannot connect to the Ray cluster ({_first_line(e)})") from None
+        raise ValueError(f"--address {address}: cannot connect to the Ray cluster ({first_line(e)})") from None
 
 
 def _check_reachable(address: str | None) -> None:
@@ -435,12 +339,3 @@ def _check_reachable(address: str | None) -> None:
         raise ValueError(f"--address {address}: expected HOST:PORT of a Ray cluster") from None
     except OSError as e:
         raise ValueError(f"--address {address}: cannot connect to the Ray cluster ({e.strerror or e})") from None
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__
-
-
-def _join(base: str, name: str) -> str:
-    return f"{base.rstrip('/')}/{name}" if "://" in base else str(Path(base).resolve() / name)

@@ -285,8 +285,12 @@ class OutputLock:
                     self.path.unlink(missing_ok=True)  # its writer died (killed, crashed): stale
                     continue
                 raise ValueError(self._held_message(owner)) from None
-            with os.fdopen(fd, "w") as f:
-                json.dump({"pid": os.getpid(), "host": socket.gethostname(), "since": time.time()}, f)
+            try:
+                with os.fdopen(fd, "w") as f:
+                    json.dump({"pid": os.getpid(), "host": socket.gethostname(), "since": time.time()}, f)
+            except OSError as e:  # a full disk: no empty lock file stays behind
+                self.path.unlink(missing_ok=True)
+                raise OutputPathError(f"--out {self.path.parent}: cannot write there ({io_error_text(e)})") from None
             self._held = True
             return
         raise ValueError(self._held_message(self._owner()))

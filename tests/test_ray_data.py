@@ -320,6 +320,8 @@ def test_cli_ray_sample_and_its_errors(ray_address, tmp_path, capsys):
     assert f"wrote 8 rows to {out}/ (0 with an error)" in printed and "streamed requests" in printed  # toy.yaml streams
     assert "Starting execution of Dataset" not in printed and "execution finished" not in printed, printed
     assert "Connecting to existing Ray cluster" not in printed and "Connected to Ray cluster" not in printed, printed
+    # nor Ray's core worker's ERROR line on the coordinator's constructor arguments (issue 34, item 3)
+    assert "core_worker.cc" not in printed and "Progress bars disabled" not in printed, printed
     assert len(read_samples(out)) == 8
 
     assert main(["sample", "--ray", "--config", str(config), "--out", str(out), "--seed", "5", "--quiet"]) == 2
@@ -393,3 +395,67 @@ def test_bench_ray_runs_the_data_job_and_checks_its_samples(ray_address, tmp_pat
     assert json.loads((tmp_path / "ray.json").read_text())["rows"][0]["chains"] == 2
     assert (tmp_path / "ray.png").stat().st_size > 0
     assert "trans/s" in format_report(report)
+
+
+# --- issue 34: the input is a snapshot; a full disk is one line ---------------------------------
+LATE_ROWS = {
+    "rows": [{"id": "late", "prompt": "appended mid-run"}, {"id": "q1", "prompt": "an id already there"}],
+    "a broken line": ['{"id": "zz", "prompt": '],
+}
+
+
+@pytest.mark.parametrize("written", list(LATE_ROWS))
+def test_rows_written_to_the_input_while_the_job_runs_are_not_sampled(ray_address, tmp_path, monkeypatch, written):
+    """Appended after the driver's check, before Ray Data reads: the probe's 200 rows + 20 gave 442
+    rows, one id's chains twice under two input keys; a broken line gave ~250 lines of Ray Data's
+    tracebacks. The job reads the snapshot it checked: the input's pairs, each once, and says the
+    input changed."""
+    import deployments.data_job as data_job
+
+    items, config = toy_job(prompts=4, chains=2)
+    prompts = write_jsonl(tmp_path / "prompts.jsonl", [{"id": i.id, "prompt": i.prompt} for i in items])
+    out = tmp_path / "out"
+
+    def build_after_appending(*args, **kwargs):
+        with prompts.open("a") as f:
+            f.write("".join((row if isinstance(row, str) else json.dumps(row)) + "\n" for row in LATE_ROWS[written]))
+        return build_power_sampling_processor(*args, **kwargs)
+
+    monkeypatch.setattr(data_job, "build_power_sampling_processor", build_after_appending)
+    summary = run_data_job(str(prompts), str(out), config, progress=False)
+    rows = read_samples(out).to_pylist()
+    assert_same_samples(rows, reference(items, config))  # the 8 pairs of the input as checked, each once
+    assert summary.samples == 8 and summary.errors == 0
+    assert summary.input_changed and any(line.startswith("input changed") for line in summary.lines())
+    assert not (out / ".presto-ray-input").exists(), "the snapshot goes with the job"
+
+
+def test_a_full_disk_under_a_ray_job_is_one_line_and_leaves_only_whole_files(ray_address, tmp_path, capsys):
+    """`--out` on a real 100 kB tmpfs that the job's files fill (was 324 lines: Ray Data's two
+    tracebacks and ours, and a cut data file that made the folder unreadable). One line, exit 2;
+    the folder holds only committed, whole files; grown, the rerun resumes, each pair once."""
+    from tmpfs import grow, small_tmpfs, tmp_files
+
+    from presto_ray.cli import main
+
+    config = tiny_toy_config(tmp_path / "job.yaml")
+    prompts = write_jsonl(tmp_path / "p.jsonl", ({"id": f"p{i}", "prompt": f"question {i}?"} for i in range(1500)))
+    with small_tmpfs(tmp_path / "disk") as disk:
+        out = disk / "run"
+        argv = ["sample", "--ray", "--config", str(config), "--prompts", str(prompts), "--out", str(out), "--quiet"]
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        # Ray's GCS may forward a line of its own as the failed execution's actors are killed
+        # ("(pid=gcs_server) ... Failed to kill actor ...: Socket closed"): not this process's
+        lines = [line for line in err.splitlines() if "(pid=gcs_server)" not in line]
+        assert len(lines) == 1 and "Traceback" not in err, err
+        assert lines[0].startswith(f"presto-ray: error: --out {out}: cannot write the samples (No space left on device)"), err
+        kept = len(read_samples(out))  # every file readable: none cut short
+        assert 0 < kept < 1500 and tmp_files(disk) == []
+        assert not list((out / CHECKPOINT_DIR).glob("*.pending.parquet")) and not (out / ".presto-ray-input").exists()
+        assert not (out / ".presto-ray.lock").exists()
+        grow(disk, "50m")
+        assert main(argv) == 0
+        assert f"resumed              {kept} finished pairs skipped" in capsys.readouterr().out
+        rows = read_samples(out).to_pylist()
+        assert len(rows) == 1500 and len({r["prompt_id"] for r in rows}) == 1500
