@@ -13,7 +13,9 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from collections.abc import Sequence
+import tempfile
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -66,6 +68,36 @@ def _session_dir() -> str | None:
         return None
 
 
+RESTART_ARGS_WARNING = b"ray-project/ray/issues/53727"
+
+
+@contextmanager
+def _without_restart_args_warning() -> Iterator[None]:
+    """Ray's core worker logs an ERROR line (core_worker.cc, once per process, on stderr) when an
+    actor with max_restarts > 0 gets an ObjectRef in its constructor arguments: the coordinator
+    gets its replicas' actor handles, each carrying its actor's ref (ray-project/ray#53727: a
+    restart fails if those refs are gone). They are not: this cluster holds the replicas for the
+    coordinator's whole life, and a restarted coordinator finds them (tests kill it). So that
+    line, written to descriptor 2 while the coordinators are created, is dropped; everything
+    else written there meanwhile is passed on. With `ray.coordinator_max_restarts: 0` the line
+    comes instead from Ray Data's stage actors (restarted by Ray Data, given the coordinators'
+    handles), once, mid-job. Avoiding it at its cause would mean passing handles by name: the
+    replicas to the coordinator (actors/coordinator.py), the coordinators to the stage."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            held.seek(0)
+            kept = [line for line in held.read().splitlines(keepends=True) if RESTART_ARGS_WARNING not in line]
+            if kept:
+                os.write(2, b"".join(kept))
+
+
 class SamplingCluster:
     """Engine replicas and the coordinator shards in front of them, started when constructed: Ray
     connected (or started, see `ensure_ray`), every replica ready, the coordinators up and, with
@@ -93,13 +125,10 @@ class SamplingCluster:
         ensure_ray(address)
         self.replicas: list[ReplicaHandle] = list(replicas) if replicas else self._start_replicas()
         n = len(self.replicas)
-        self.coordinators = CoordinatorShards(
-            [
-                start_coordinator([self.replicas[i] for i in ids], settings, ids, n)
-                for ids in shard_replicas(n, settings.coordinator_shards)
-            ],
-            settings.affinity_tokens,
-        )
+        with _without_restart_args_warning():
+            shards = [start_coordinator([self.replicas[i] for i in ids], settings, ids, n)
+                      for ids in shard_replicas(n, settings.coordinator_shards)]  # fmt: skip
+        self.coordinators = CoordinatorShards(shards, settings.affinity_tokens)
         self.autoscaler: ReplicaAutoscaler | None = None
         if settings.replica_autoscaling is not None and self._owns_replicas:
             self.autoscaler = ReplicaAutoscaler(self, settings.replica_autoscaling).start()
