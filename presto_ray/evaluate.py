@@ -266,7 +266,8 @@ def run_eval(
             raise ValueError(f"problem id={p.id!r}: {problem}")
     work = EvalWork(items, prompts, config, eval_config, tuple(seed + r for r in range(eval_config.seeds)))
     runner.start()
-    summaries, done = [], {}
+    summaries: list[Any] = []
+    done: dict[Any, Any] = {}
     for method in chosen:
         if progress:
             progress(method.announce(work))

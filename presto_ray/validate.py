@@ -39,7 +39,7 @@ from __future__ import annotations
 import math
 import warnings
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -304,7 +304,7 @@ def _recording(base: PowerMHKernel) -> PowerMHKernel:
     cls = type(base)
     if cls not in _RECORDING_TYPES:
         _RECORDING_TYPES[cls] = type(f"Recording{cls.__name__}", (_Recorder, cls), {})
-    kernel = object.__new__(_RECORDING_TYPES[cls])
+    kernel: Any = object.__new__(_RECORDING_TYPES[cls])
     kernel.__dict__.update(base.__dict__)
     return kernel
 
@@ -375,7 +375,9 @@ def fault_power(
     w = np.array([x for x, _ in weighed], dtype=float)
     flips = float(np.mean([f for _, f in weighed])) if weighed else 0.0
     total = float(w.sum())
-    shift, power, needed = {}, {}, {}
+    shift: dict[str, Any] = {}
+    power: dict[str, Any] = {}
+    needed: dict[str, Any] = {}
     for name in STATISTICS:
         v = np.array([s[name] for s in samples], dtype=float)
         sd = float(v.std(ddof=1)) if len(v) > 1 else 0.0

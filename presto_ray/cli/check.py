@@ -156,7 +156,7 @@ def quick_scaled(data: dict[str, Any], source: str) -> tuple[dict[str, Any], lis
     sampler, job and eval fields set), and what changed, one line each."""
     from presto_ray.eval_config import QuickScale
 
-    section = data.get("eval") if isinstance(data.get("eval"), dict) else {}
+    section: dict[str, Any] = data["eval"] if isinstance(data.get("eval"), dict) else {}
     if not section.get("quick"):
         raise BadInput(f"--quick: {source} has no eval.quick section (what to scale to this machine)")
     quick = QuickScale.model_validate(section["quick"])
