@@ -29,25 +29,9 @@ def vllm_engine():
 @pytest.fixture(scope="session")
 def hf_reference(vllm_engine):
     """transformers on the same weights: an independent reference for log p0 and log q_tau."""
-    import torch
-    from transformers import AutoModelForCausalLM
+    from transformers_helpers import hf_reference as reference
 
-    model = AutoModelForCausalLM.from_pretrained(vllm_engine.model_dir, dtype=torch.float32)
-    model.eval()
-
-    def logprobs(context, tokens, temperature, entropy=False):
-        ids = torch.tensor([list(context) + list(tokens)])
-        with torch.no_grad():
-            logits = model(ids).logits[0, len(context) - 1 : len(context) + len(tokens) - 1].double()
-        index = torch.tensor(list(tokens))[:, None]
-        full = torch.log_softmax(logits, -1)
-        logp0 = full.gather(1, index)[:, 0].numpy()
-        logq = torch.log_softmax(logits / temperature, -1).gather(1, index)[:, 0].numpy()
-        if entropy:
-            return logp0, logq, (-(full.exp() * full).sum(-1)).numpy()
-        return logp0, logq
-
-    return logprobs
+    return reference(vllm_engine.model_dir)
 
 
 # Ray 2.60 turns token authentication on by default; the local test cluster does without.
