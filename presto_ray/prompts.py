@@ -114,20 +114,28 @@ def _refuse_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return data
 
 
+INT64 = (-(2**63), 2**63 - 1)  # Parquet's integers, and the widest Ray Data's JSON reader takes
+
+
 def _bounded_int(digits: str) -> int:
-    """json's parse_int: an integer longer than Python converts (sys.get_int_max_str_digits(),
-    4,300 by default) is refused by its length, not left to int()'s ValueError."""
+    """json's parse_int: an integer outside the 64-bit range is refused (Ray Data's JSON reader
+    fails on it with a traceback, "Value is too big!"; Parquet has no wider integer), and one
+    longer than Python converts (sys.get_int_max_str_digits(), 4,300 by default) by its length,
+    not left to int()'s ValueError."""
     count = len(digits) - digits.startswith("-")
     limit = sys.get_int_max_str_digits()
     if limit and count > limit:
-        raise _LineRefused(f"an integer of {count:,} digits; integers may have at most {limit:,}")
-    return int(digits)
+        raise _LineRefused(f"an integer of {count:,} digits; integers may have at most {limit:,} (and fit in 64 bits)")
+    value = int(digits)
+    if not INT64[0] <= value <= INT64[1]:
+        raise _LineRefused(f"the integer {digits} does not fit in 64 bits; quote it to keep it as text")
+    return value
 
 
 def parse_jsonl_lines(lines: Iterable[bytes], path: str) -> Iterator[tuple[int, Any]]:
     """(line number, parsed object) for each non-blank line of a JSONL stream; bad bytes or JSON
     name `path` and their line (the Ray job's driver streams its input through this too). A key
-    twice in one object and an integer too long to convert are refused too."""
+    twice in one object and an integer outside 64 bits are refused too."""
     for lineno, raw in enumerate(lines, 1):
         try:
             line = raw.decode("utf-8")

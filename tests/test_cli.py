@@ -312,8 +312,9 @@ def _one_line_refusal(capsys, argv, message: str) -> None:
 
 
 def test_duplicate_keys_and_overlong_integers_in_prompts_are_refused_naming_the_line(tmp_path, capsys):
-    """A key twice in one object is refused as HTTP refuses it (json kept the last silently), and an
+    """A key twice in one object is refused as HTTP refuses it (json kept the last silently), an
     integer past Python's int-string limit is refused by its length (was int()'s ValueError, a
+    traceback), and one outside 64 bits (Ray Data's JSON reader failed on it with ~250 lines of
     traceback), in process and by the --ray job's driver check, which reads lines the same way."""
     from presto_ray.prompts import PromptFileError, read_prompts
 
@@ -321,6 +322,7 @@ def test_duplicate_keys_and_overlong_integers_in_prompts_are_refused_naming_the_
         '{"id": "a", "prompt": "x"}\n{"id": "b", "prompt": "x", "prompt": "y"}\n': "line 2: the key 'prompt' appears more than once in an object",
         '{"id": "a", "messages": [{"role": "user", "content": "x", "role": "system"}]}\n': "line 1: the key 'role' appears more than once",
         '{"id": ' + "7" * 5000 + ', "prompt": "x"}\n': "line 1: an integer of 5,000 digits; integers may have at most 4,300",
+        '{"id": "a", "prompt": "x", "n": 9223372036854775808}\n': "line 1: the integer 9223372036854775808 does not fit in 64 bits",
     }
     toy = tmp_path / "toy.yaml"
     toy.write_text(FAST_TOY)
