@@ -19,25 +19,37 @@ from typing import Any, Sequence
 
 import torch
 
-from presto_ray.engines.base import CallAccounting, Completion, EngineOutput, ProposalRequest
+from presto_ray.engines.base import CallAccounting, Completion, EngineOutput, ProposalRequest, Tokenizer
 from presto_ray.engines.transformers.settings import TransformersEngineConfigBase
 from presto_ray.engines.transformers.kv import PrefixCache
 from presto_ray.engines.transformers.model import LoadedModel, load_model
 from presto_ray.engines.transformers.runner import BatchRunner
 from presto_ray.engines.transformers.streaming import TransformersStreamingEngine
-from presto_ray.engines.transformers.tokenizer import HFTokenizer, load_tokenizer
+from presto_ray.engines.transformers.tokenizer import load_tokenizer
 
 
 class TransformersEngine:
     """A transformers causal LM decoded by presto-ray's continuous batcher (runner.py)."""
 
-    def __init__(self, config: TransformersEngineConfigBase | None = None) -> None:
+    def __init__(
+        self,
+        config: TransformersEngineConfigBase | None = None,
+        *,
+        model: LoadedModel | None = None,
+        tokenizer: Tokenizer | None = None,
+    ) -> None:
+        """`model` and `tokenizer`, both or neither: a model already built (model.describe_model)
+        and a tokenizer for it, used instead of loading `config.model`'s folder (scripts/gpu_check.py's
+        randomly initialised model, prompts as token ids); the config's device, dtype and
+        num_threads then say nothing."""
+        if (model is None) != (tokenizer is None):
+            raise ValueError("pass both model and tokenizer, or neither")
         self.config = config = config or TransformersEngineConfigBase()
-        self.tokenizer: HFTokenizer = load_tokenizer(config)
+        self.tokenizer: Tokenizer = tokenizer if tokenizer is not None else load_tokenizer(config)
         self.eos_token_id: int | None = self.tokenizer.eos_token_id
-        self.model_name = config.model_name
+        self.model_name = config.model_name if model is None else model.model_dir.name
         self.context_length = config.context_length
-        self.loaded: LoadedModel | None = load_model(config)
+        self.loaded: LoadedModel | None = model if model is not None else load_model(config)
         self.device = self.loaded.device
         self.model_dir = str(self.loaded.model_dir)
         self.startup_time_s = self.loaded.load_time_s

@@ -65,6 +65,19 @@ def load_model(config: TransformersEngineConfigBase) -> LoadedModel:
         str(model_dir), dtype=dtype, attn_implementation=ATTENTION_NAME
     )
     model.to(device)
+    return describe_model(model, model_dir, time.perf_counter() - start, device)
+
+
+def describe_model(
+    model: torch.nn.Module, model_dir: Path, load_time_s: float = 0.0, device: torch.device | None = None
+) -> LoadedModel:
+    """A causal LM already on its device, built with the packed attention (`register_attention()`,
+    then `attn_implementation=ATTENTION_NAME`), in eval mode, with what the runners need to know of
+    it. `load_model` ends here; so does a model built in memory (scripts/gpu_check.py's randomly
+    initialised one), where `model_dir` only names it; `device`: its parameters' where not given."""
+    attention = getattr(getattr(model, "config"), "_attn_implementation", None)
+    if attention != ATTENTION_NAME:
+        raise ValueError(f"the model's attention is {attention!r}: build it with attn_implementation={ATTENTION_NAME!r}")
     model.eval()
     text = getattr(model, "config").get_text_config()
     heads = int(text.num_attention_heads)
@@ -75,10 +88,10 @@ def load_model(config: TransformersEngineConfigBase) -> LoadedModel:
     parameter = next(model.parameters())
     return LoadedModel(
         model=model,
-        device=device,
+        device=device if device is not None else parameter.device,
         dtype=parameter.dtype,
         kv_shape=KVShape(int(text.num_hidden_layers), kv_heads, head_dim),
         vocab_size=int(text.vocab_size),
         model_dir=model_dir,
-        load_time_s=time.perf_counter() - start,
+        load_time_s=load_time_s,
     )
