@@ -840,7 +840,7 @@ HOSTILE_WORK = {**GOOD, "n": 16, "mh_steps": 1000, "max_tokens": 2048}
 def test_a_request_whose_token_bound_is_over_the_limit_is_refused_before_it_runs(budget):
     """n=16, mh_steps=1000, max_tokens=2048 passes every per-field limit and the token-step one
     (32.8M < 50M): it generated 1.4M tokens in 100 s and would have gone on for hours."""
-    from presto_ray.openai.prepare import request_token_bound
+    from presto_ray.openai.work_bounds import request_token_bound
 
     body = HOSTILE_WORK if budget is None else {**HOSTILE_WORK, "prefetch_budget": budget}
     error = api_error(body)
@@ -854,7 +854,7 @@ def test_a_request_whose_token_bound_is_over_the_limit_is_refused_before_it_runs
 
 
 def test_the_token_bound_counts_blocks_steps_budget_and_serial_tries():
-    from presto_ray.openai.prepare import request_token_bound, requests_per_event
+    from presto_ray.openai.work_bounds import request_token_bound, requests_per_event
 
     config = SamplerConfig(block_size=8, num_blocks=3, mh_steps=10, prefetch_budget=6)
     assert requests_per_event(config) == 6 and request_token_bound(config, 2) == 2 * 3 * 11 * 6 * 24
@@ -877,7 +877,7 @@ def test_the_shipped_configs_normal_requests_pass_the_token_bound():
     import os
 
     from presto_ray.job import JobConfig
-    from presto_ray.openai.prepare import request_token_bound
+    from presto_ray.openai.work_bounds import request_token_bound
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     checked = 0

@@ -1,4 +1,4 @@
-"""The HTTP service's bound on the tokens a request may generate (presto_ray/openai/prepare.py,
+"""The HTTP service's bound on the tokens a request may generate (presto_ray/openai/work_bounds.py,
 `request_token_bound`, serve.max_request_tokens) holds: chains run in process on the toy engine,
 both schedules, every traversal and kernel, budgets from 1 up, fixed length and EOS, generate no
 more tokens and issue no more requests than it allows."""
@@ -12,7 +12,7 @@ import pytest
 from presto_ray.config import SamplerConfig
 from presto_ray.driver import sample
 from presto_ray.engines.toy import ToyEngine
-from presto_ray.openai.prepare import request_token_bound, requests_per_event
+from presto_ray.openai.work_bounds import request_token_bound, requests_per_event
 
 GRID = list(
     itertools.product(

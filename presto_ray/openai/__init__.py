@@ -6,8 +6,9 @@ sends the bodies built here. One module per concern:
 
   errors.py       error bodies, ApiError, the 500 without internals, the bearer token, the content type
   protocol.py     the JSON: request models (the OpenAPI schema too), response bodies, chunks, /v1/stats
-  prepare.py      a body to its chains: unsupported fields, model check, sampler config, work bounds,
-                  prompt rules, seeds
+  body.py         a body as the request model: strict JSON, field paths, unsupported fields, limits
+  prepare.py      a body to its chains: model check, sampler config, prompt rules, seeds
+  work_bounds.py  the work a request may ask: blocks, token-steps, its bound on generated tokens
   figures.py      SampleStats under its HTTP names: the one mapping, for choices, usage and progress
   choices.py      one chain's answer (text, finish reason, figures, log p0) and the request's usage
   completions.py  the completions API's bodies and chunks;  chat.py: the chat API's

@@ -1,6 +1,6 @@
 """The JSON of the HTTP API, declared once: request models (also the OpenAPI schema of the routes),
 every response body and chunk, and the `/v1/stats` body. Models only: the rules that need more
-than a field's type and bounds are prepare.py's; filling the bodies is the renderers'."""
+than a field's type and bounds are body.py's and prepare.py's; filling the bodies is the renderers'."""
 
 from __future__ import annotations
 
