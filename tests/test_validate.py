@@ -14,7 +14,9 @@ from presto_ray.backend import LocalBackend
 from presto_ray.cli import main
 from presto_ray.config import SamplerConfig
 from presto_ray.engines.base import ProposalRequest
-from presto_ray.validate import STATISTICS, Margins, faulty_kernel, run_validation, tost
+from presto_ray.validate import run_validation
+from presto_ray.validate_fault import faulty_kernel
+from presto_ray.validate_stats import STATISTICS, Margins, tost
 
 # A toy where answers end at EOS after ~8 of 24 tokens with a wide spread of lengths, and alpha = 1
 # (target p0, proposal p0): the MH ratio is then the length correction alone, so the fault bites
@@ -145,7 +147,7 @@ def test_the_recording_kernel_changes_no_sample_and_records_every_step():
     """The serial side's kernel records each step's ratio and cut correction: its samples are the
     kernel's, token for token, and it records one step per transition."""
     from presto_ray.engines.toy import ToyEngine
-    from presto_ray.validate import DecisionRecorder
+    from presto_ray.validate_fault import DecisionRecorder
 
     toy = LocalBackend(ToyEngine(16, 0, 1, logit_scale=1.0, eos_bias=1.0))
     config = SamplerConfig(alpha=2.0, block_size=12, num_blocks=2, mh_steps=4, traversal="serial", schedule="rounds", seed=0)
@@ -161,7 +163,7 @@ def test_the_recording_kernel_changes_no_sample_and_records_every_step():
 
 
 def test_fault_weights_are_the_faulty_kernels_decision_probabilities():
-    from presto_ray.validate import fault_weights
+    from presto_ray.validate_fault import fault_weights
 
     # accepted at A = 1 where the fault has A' = e^-0.5; rejected at A = e^-1 where A' = e^-0.3
     weight, flips = fault_weights([(0.2, 0.7, True), (-1.0, -0.7, False)])
@@ -231,7 +233,7 @@ def test_on_the_toy_configs_settings_the_fault_changes_almost_no_decision():
 
     from presto_ray.engines import build_engine
     from presto_ray.job import JobConfig
-    from presto_ray.validate import DecisionRecorder, fault_power
+    from presto_ray.validate_fault import DecisionRecorder, fault_power
 
     job = JobConfig.model_validate(yaml.safe_load((Path(__file__).resolve().parent.parent / "configs/toy.yaml").read_text()))
     toy = LocalBackend(build_engine(job.engine))
@@ -297,7 +299,7 @@ def test_validate_on_ray_draws_the_in_process_samples(ray_address):
 
 # --- too few samples is not a difference (the probe's item 13) -----------------------------------
 def test_a_tost_that_cannot_show_equivalence_says_so_rather_than_not_equivalent(toy_config, tmp_path, capsys):
-    from presto_ray.validate import TostResult, row_verdict, samples_needed
+    from presto_ray.validate_stats import TostResult, row_verdict, samples_needed
 
     report = _validate(toy_config, tmp_path, "--chains", "2")  # 4 per side, the margin needs ~104
     out = capsys.readouterr().out

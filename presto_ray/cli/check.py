@@ -77,7 +77,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from presto_ray.job import encode_prompt
     from presto_ray.output import write_json_atomic
     from presto_ray.prompts import PromptFileError, read_prompts
-    from presto_ray.validate import Margins, run_validation, samples_needed
+    from presto_ray.validate import run_validation
+    from presto_ray.validate_stats import Margins, samples_needed
 
     try:
         config = load_job_config(args)
