@@ -25,10 +25,11 @@ from presto_ray.config import SamplerConfig
 from presto_ray.keys import derive_seed
 from presto_ray.kernels import PowerMHKernel
 from presto_ray.results import SampleResult
+from presto_ray.validate_audit import DecisionAudit
 from presto_ray.validate_fault import FEASIBLE_SAMPLES, DecisionRecorder, fault_power, faulty_kernel
 from presto_ray.validate_report import ValidationReport
 from presto_ray.validate_stats import (
-    DEFAULT_ALPHA_LEVEL, POWER_TARGET, STATISTICS, Margins, pooled_sd, row_verdict, samples_needed, tost, welch_difference,
+    DEFAULT_ALPHA_LEVEL, POWER_TARGET, STATISTICS, Margins, compare_statistic, samples_needed,
 )  # fmt: skip
 
 MAX_GROWTHS = 4  # times the serial side may grow towards it (each growth refines the prediction)
@@ -49,8 +50,9 @@ def sample_statistics(result: SampleResult, alpha: float, eos_token_id: int | No
 def _run_side(
     backend: Backend, prompts: Sequence[tuple[str, Sequence[int]]], side_config: SamplerConfig, s: int, seed: int,
     chains: range, alpha: float, kernel_factory: Callable[[SamplerConfig], PowerMHKernel] | None,
-) -> tuple[list[dict], list[int]]:
-    """Chains `chains` of every prompt on side s (seed derive_seed(seed, s, i, c)): their statistics and seeds."""
+) -> tuple[list[dict], tuple[int, int]]:
+    """Chains `chains` of every prompt on side s (seed derive_seed(seed, s, i, c)): their statistics,
+    and the MH steps they decided and early-rejected."""
     work = [(pid, tokens, i, c) for i, (pid, tokens) in enumerate(prompts) for c in chains]
     seeds = [derive_seed(seed, s, i, c) for _, _, i, c in work]
     results = backend.sample(
@@ -58,7 +60,7 @@ def _run_side(
     )
     eos = backend.tokenizer.eos_token_id
     rows = [{"prompt_id": pid, "chain": c, "seed": x, **sample_statistics(r, alpha, eos)} for (pid, _, _, c), x, r in zip(work, seeds, results)]
-    return rows, seeds
+    return rows, (sum(r.stats.transitions for r in results), sum(r.stats.early_rejected_steps for r in results))
 
 
 def _in_prompt_order(rows: list[dict], prompts: Sequence[tuple[str, Sequence[int]]]) -> list[dict]:
@@ -76,6 +78,7 @@ def run_validation(
     margins: Margins = Margins(),
     alpha_level: float = DEFAULT_ALPHA_LEVEL,
     fault: bool = False,
+    reference: Backend | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> ValidationReport:
     """Serial PowerMH vs `config`'s schedule on `prompts` ((id, token ids) pairs), independent seeds.
@@ -86,7 +89,10 @@ def run_validation(
     known): the power against the fault follows from them. With `max_chains_per_prompt` above
     `chains_per_prompt`, a run whose power against the fault is below POWER_TARGET is extended to
     the chains that reach it, where at most that many do (the serial side's next chains, then the
-    prefetching side at the final count).
+    prefetching side at the final count). The prefetching side's kernel is audited: every step it
+    decides is decided again by the config's kernel (validate_audit.py), a disagreement a verdict.
+    `reference`: the serial side runs on this backend (another engine, validate_reference.py, which
+    the caller has checked for the same law and the same prompt tokens) instead of `backend`.
     """
     import time
 
@@ -106,7 +112,8 @@ def run_validation(
     start = time.perf_counter()
     if progress:
         progress(f"serial: {chains_per_prompt * len(prompts)} chains")
-    serial, _ = _run_side(backend, prompts, sides["serial"], 0, config.seed, range(chains_per_prompt), config.alpha, recorder)
+    serial_backend = reference if reference is not None else backend
+    serial, _ = _run_side(serial_backend, prompts, sides["serial"], 0, config.seed, range(chains_per_prompt), config.alpha, recorder)
     chains = chains_per_prompt
     power = fault_power(serial, [recorder.by_seed.get(r["seed"], []) for r in serial], chains * len(prompts), level)
     # grown while the prediction (refined by each growth's chains) says more chains reach the target
@@ -123,15 +130,16 @@ def run_validation(
         if progress:
             progress(f"serial: {(wanted - chains) * len(prompts)} more chains: about {needed} samples per side give "
                      f"{POWER_TARGET:.0%} power against the fault (predicted from the serial chains' decisions)")  # fmt: skip
-        more, _ = _run_side(backend, prompts, sides["serial"], 0, config.seed, range(chains, wanted), config.alpha, recorder)
+        more, _ = _run_side(serial_backend, prompts, sides["serial"], 0, config.seed, range(chains, wanted), config.alpha, recorder)
         serial, chains = _in_prompt_order(serial + more, prompts), wanted
         power = fault_power(serial, [recorder.by_seed.get(r["seed"], []) for r in serial], chains * len(prompts), level)
     wall = {"serial": time.perf_counter() - start}
     if progress:
         progress(f"prefetch: {chains * len(prompts)} chains")
     start = time.perf_counter()
-    prefetch, _ = _run_side(backend, prompts, sides["prefetch"], 1, config.seed, range(chains), config.alpha,
-                            faulty_kernel if fault else None)  # fmt: skip
+    audit = DecisionAudit()  # every step the prefetching side decides, decided again by the config's kernel
+    prefetch, totals = _run_side(backend, prompts, sides["prefetch"], 1, config.seed, range(chains), config.alpha,
+                                 audit.factory(faulty_kernel if fault else None))  # fmt: skip
     wall["prefetch"] = time.perf_counter() - start
     samples = {"serial": serial, "prefetch": prefetch}
     n = len(serial)
@@ -144,41 +152,11 @@ def run_validation(
         )
     if power.power < POWER_TARGET:
         notes.append(
-            f"power against the fault is {power.power:.2f}: this run cannot reliably tell the fault from a correct kernel "
-            f"(it changes {power.flips_per_chain:.3g} MH decisions per chain on this config)"
+            f"power against the fault is {power.power:.2f}: the law tests of this run cannot reliably tell the fault from a "
+            f"correct kernel (it changes {power.flips_per_chain:.3g} MH decisions per chain on this config); the decision "
+            f"audit checks the kernel itself, exactly"
         )
-    rows = []
-    for name in STATISTICS:
-        a = [x[name] for x in serial]
-        b = [x[name] for x in prefetch]
-        margin, kind = margins.margin(name, a, b)
-        t = tost(a, b, margin, alpha_level)
-        p_difference = welch_difference(a, b)
-        shown = p_difference < level
-        rows.append(
-            {
-                "statistic": name,
-                "mean_serial": t.mean_a,
-                "mean_prefetch": t.mean_b,
-                "difference": t.difference,
-                "ci_low": t.ci_low,
-                "ci_high": t.ci_high,
-                "margin": t.margin,
-                "margin_kind": kind,
-                "pooled_sd": pooled_sd(a, b),
-                "p_lower": t.p_lower,
-                "p_upper": t.p_upper,
-                "p_value": t.p_value,
-                "p_difference": p_difference,  # Welch, two-sided, H0: equal means
-                "difference_level": level,
-                "difference_shown": shown,
-                "df": t.df if math.isfinite(t.df) else None,
-                "n_serial": t.n_a,
-                "n_prefetch": t.n_b,
-                "equivalent": t.equivalent and not shown,
-                "verdict": row_verdict(t, shown),
-            }
-        )
+    rows = [compare_statistic(name, serial, prefetch, margins, alpha_level, level) for name in STATISTICS]
     return ValidationReport(
         config=config.model_dump(),
         prompts=[pid for pid, _ in prompts],
@@ -190,4 +168,5 @@ def run_validation(
         wall_time_s=wall,
         notes=notes,
         power=power.to_json(),
+        audit=audit.to_json(*totals),
     )

@@ -21,18 +21,42 @@ class ValidationReport:
     wall_time_s: dict[str, float]
     notes: list[str] = field(default_factory=list)
     power: dict | None = None  # FaultPower.to_json(): power against the fault, from the serial side's decisions
+    audit: dict | None = None  # DecisionAudit.to_json(): the prefetching side's steps decided again by the config's kernel
+
+    @property
+    def audit_agrees(self) -> bool:
+        """No step the prefetching side decided disagrees with the config's kernel, and every step was audited."""
+        return self.audit is None or (self.audit["disagreements"] == 0 and self.audit["complete"])
 
     @property
     def equivalent(self) -> bool:
-        return all(row["equivalent"] for row in self.rows)
+        return self.audit_agrees and all(row["equivalent"] for row in self.rows)
 
     @property
     def verdict(self) -> str:
-        """`equivalent`, `NOT equivalent` (some statistic's interval lies beyond its margin: a
-        difference is shown) or `equivalence not shown` (too few samples to tell either)."""
+        """`equivalent`, `NOT equivalent` (the decision audit disagrees, or some statistic's interval
+        lies beyond its margin or its difference test rejects: a difference is shown) or
+        `equivalence not shown` (too few samples to tell either)."""
         if self.equivalent:
             return "equivalent"
-        return "NOT equivalent" if any(r["verdict"] == "NOT equivalent" for r in self.rows) else "equivalence not shown"
+        if not self.audit_agrees or any(r["verdict"] == "NOT equivalent" for r in self.rows):
+            return "NOT equivalent"
+        return "equivalence not shown"
+
+    @property
+    def reasons(self) -> list[str]:
+        """Why the verdict is `NOT equivalent`, one line each (empty otherwise)."""
+        out = []
+        if not self.audit_agrees and self.audit is not None:
+            a = self.audit
+            kinds = ", ".join(f"{n} {kind}s" for kind, n in a["disagreements_by_kind"].items())
+            out.append(f"the decision audit: the prefetching side's kernel is not the config's ({kinds} differ on the "
+                       f"same inputs)" if a["complete"] else
+                       f"the decision audit: {a['full_transitions'] + a['early_rejected_steps']} of {a['steps']} steps audited")  # fmt: skip
+        out += [f"{r['statistic']}: " + ("a difference is shown (p {:.3g})".format(r["p_difference"]) if r["difference_shown"]
+                else f"the interval lies beyond the margin ±{_num(r['margin'])}")
+                for r in self.rows if r["verdict"] == "NOT equivalent"]  # fmt: skip
+        return out
 
     def to_json(self) -> dict:
         return {"equivalent": self.equivalent, "verdict": self.verdict, **asdict(self)}

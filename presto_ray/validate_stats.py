@@ -187,3 +187,38 @@ class Margins:
         if name in self.absolute:
             return self.absolute[name], "absolute"
         return self.sd * pooled_sd(a, b), f"{self.sd:g} sd"
+
+
+def compare_statistic(
+    name: str, serial: Sequence[Mapping[str, float]], prefetch: Sequence[Mapping[str, float]], margins: Margins,
+    alpha_level: float, level: float,
+) -> dict:
+    """One statistic's row: both means, TOST against its margin, the difference test at `level`, the verdict."""
+    a = [x[name] for x in serial]
+    b = [x[name] for x in prefetch]
+    margin, kind = margins.margin(name, a, b)
+    t = tost(a, b, margin, alpha_level)
+    p_difference = welch_difference(a, b)
+    shown = p_difference < level
+    return {
+        "statistic": name,
+        "mean_serial": t.mean_a,
+        "mean_prefetch": t.mean_b,
+        "difference": t.difference,
+        "ci_low": t.ci_low,
+        "ci_high": t.ci_high,
+        "margin": t.margin,
+        "margin_kind": kind,
+        "pooled_sd": pooled_sd(a, b),
+        "p_lower": t.p_lower,
+        "p_upper": t.p_upper,
+        "p_value": t.p_value,
+        "p_difference": p_difference,  # Welch, two-sided, H0: equal means
+        "difference_level": level,
+        "difference_shown": shown,
+        "df": t.df if math.isfinite(t.df) else None,
+        "n_serial": t.n_a,
+        "n_prefetch": t.n_b,
+        "equivalent": t.equivalent and not shown,
+        "verdict": row_verdict(t, shown),
+    }

@@ -96,6 +96,7 @@ def test_validate_on_the_toy_passes_for_prefetching_and_fails_without_the_length
     assert all(r["n_serial"] == r["n_prefetch"] == 120 for r in report["rows"])
     table = capsys.readouterr().out
     assert "| acceptance_rate" in table and "equivalent: True" in table
+    assert report["audit"]["complete"] and report["audit"]["disagreements"] == 0 and "all agree, exactly" in table
 
     broken = _validate(toy_config, tmp_path, "--fault")  # exit status 0 either way
     assert broken["equivalent"] is False and broken["fault"] is True
@@ -103,7 +104,8 @@ def test_validate_on_the_toy_passes_for_prefetching_and_fails_without_the_length
     assert verdicts["acceptance_rate"] is False and verdicts["length"] is False
     # the serial side is the same chains in both runs: only the prefetching side was broken
     assert broken["samples"]["serial"] == report["samples"]["serial"]
-    assert "NOT equivalent" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert broken["audit"]["disagreements"] > 0 and "NOT equivalent: the decision audit" in out
 
 
 def test_validate_refuses_a_serial_config_and_bad_margins(toy_config, tmp_path, capsys):
@@ -294,6 +296,9 @@ def test_validate_on_ray_draws_the_in_process_samples(ray_address):
     finally:
         backend.close()
     assert on_ray.samples == local.samples
+    assert local.audit is not None and on_ray.audit is not None  # the audit runs where the chains walk: the driver
+    assert local.audit["disagreements"] > 0 and on_ray.audit["disagreements"] > 0 and on_ray.audit["complete"]
+    assert on_ray.audit["full_transitions"] == local.audit["full_transitions"]
     assert [c.token_ids for c in generated] == [c.token_ids for c in toy.generate(requests)]
 
 

@@ -1,148 +1,24 @@
-"""`presto-ray validate` (does prefetching sample the serial chain's law?) and `presto-ray eval`
-(accuracy on a verifiable task), on a Backend: in process, or through Ray (`validate --ray`:
-actors/ray_backend.py; `eval --ray`: one resumable Ray Data job per method, deployments/eval_job.py;
-each imported only then)."""
+"""`presto-ray eval` (accuracy on a verifiable task) and the command table of the checks (`validate`:
+validate_command.py), on a Backend: in process, or through Ray (`eval --ray`: one resumable Ray
+Data job per method, deployments/eval_job.py; imported only then)."""
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from presto_ray.cli.common import (
-    EXAMPLES, FAILED, OK, BadInput, Subparsers, add_ray_options, fail, load_job_config, progress, validation_message,
-    watch_engine_processes,
-)  # fmt: skip
+from presto_ray.cli.check_backend import provenance, run_with_backend
+from presto_ray.cli.common import FAILED, OK, BadInput, Subparsers, add_ray_options, fail, progress, validation_message
+from presto_ray.cli.validate_command import add_validate
 
 if TYPE_CHECKING:
     from presto_ray.backend import Backend
     from presto_ray.eval_config import EvalConfig
     from presto_ray.evaluate import EvalReport
     from presto_ray.job import JobConfig
-
-
-def _backend(args: argparse.Namespace, config: JobConfig) -> Backend:
-    """Where validate and eval run: the in-process driver, or Ray (--ray)."""
-    if args.ray:
-        try:
-            from actors.ray_backend import RayBackend
-        except ImportError as e:
-            raise BadInput(f"--ray needs Ray: pip install 'presto-ray[ray]' ({e})") from None
-        return RayBackend(config, address=args.address)
-    if args.address:
-        raise BadInput("--address needs --ray")
-    from presto_ray.backend import LocalBackend
-    from presto_ray.engines import build_engine
-
-    watch_engine_processes(config)
-    return LocalBackend(build_engine(config.engine), config.max_active_chains)
-
-
-def _run_with_backend(args: argparse.Namespace, config: JobConfig, work: Callable[[Backend], int]) -> int:
-    """Build the backend, run `work(backend)`, close it; bad input or a failed start is exit 2."""
-    from presto_ray.models import ModelProvisionError
-
-    try:
-        backend = _backend(args, config)
-    except BadInput as e:
-        return fail(str(e))
-    except ModelProvisionError as e:
-        return fail(str(e))
-    try:
-        return work(backend)
-    except ValueError as e:  # e.g. a prompt longer than the model's context, a serial config
-        return fail(str(e))
-    finally:
-        backend.close()
-
-
-def _provenance(config: JobConfig) -> dict[str, Any]:
-    """When and with what a report was made (the command line, the engine spec)."""
-    from datetime import datetime, timezone
-
-    from presto_ray import __version__
-
-    return {
-        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "presto_ray_version": __version__,
-        "argv": sys.argv[1:],
-        "engine": config.engine.model_dump(),
-    }
-
-
-def cmd_validate(args: argparse.Namespace) -> int:
-    from presto_ray.job import encode_prompt
-    from presto_ray.output import write_json_atomic
-    from presto_ray.prompts import PromptFileError, read_prompts
-    from presto_ray.validate import run_validation
-    from presto_ray.validate_stats import Margins, samples_needed
-
-    try:
-        config = load_job_config(args)
-        margins = Margins.parse(args.margin or [])
-    except BadInput as e:
-        return fail(str(e))
-    except ValueError as e:
-        return fail(f"--margin: {e}")
-    if not 0.0 < args.alpha_level < 0.5:
-        return fail("--alpha-level must be in (0, 0.5)")
-    if config.sampler.traversal == "serial":
-        return fail("sampler.traversal is 'serial': validate compares serial with bfs or predictive prefetching")
-    try:
-        items = read_prompts(args.prompts)
-    except PromptFileError as e:
-        return fail(str(e))
-    if args.max_samples is not None and args.max_samples < 2:
-        return fail("--max-samples must be at least 2")
-    needed = samples_needed(margins)
-    if args.chains is None and needed and len(items) * config.chains_per_prompt < needed:
-        # the default run must be able to show equivalence: as many chains as the margin needs
-        chains = math.ceil(needed / len(items))
-        progress(f"{chains} chains per prompt: about {needed} samples per side are needed to show equivalence "
-                 f"within {margins.sd:g} sd (--chains sets fewer)")
-        config = config.model_copy(update={"chains_per_prompt": chains})
-    # sized for power against the fault too, up to --max-samples per side (--chains: exactly that many)
-    most = args.max_samples if args.max_samples is not None else MAX_SAMPLES_FACTOR * max(needed or 0, len(items) * config.chains_per_prompt)
-    max_chains = None if args.chains is not None else max(config.chains_per_prompt, most // len(items))
-
-    def work(backend: Backend) -> int:
-        prompts = [(item.id, encode_prompt(backend.tokenizer, item)) for item in items]
-        report = run_validation(
-            backend,
-            prompts,
-            config.sampler,
-            chains_per_prompt=config.chains_per_prompt,
-            max_chains_per_prompt=max_chains,
-            margins=margins,
-            alpha_level=args.alpha_level,
-            fault=args.fault,
-            progress=progress,
-        )
-        write_json_atomic({**report.to_json(), **_provenance(config)}, args.out)
-        side = config.sampler.traversal + ("/streaming" if config.sampler.schedule == "streaming" else "")
-        n = len(prompts) * report.chains_per_prompt
-        print(f"serial vs {side}: {len(prompts)} prompts x {report.chains_per_prompt} chains = {n} samples per side"
-              + (" (FAULT: prefetching without the length correction)" if args.fault else ""))
-        print(report.table())
-        if line := report.power_line():
-            print(line)
-        for note in report.notes:
-            print(f"note: {note}")
-        if report.verdict == "equivalence not shown":  # not a difference: too few samples to tell
-            print(f"equivalence not shown: {n} per side, about {needed or 'more'} needed" if not needed or n < needed
-                  else f"equivalence not shown: {n} per side; no statistic differs beyond its margin")
-        print(f"equivalent: {report.equivalent}   (wall time: serial {report.wall_time_s['serial']:.1f} s, "
-              f"prefetch {report.wall_time_s['prefetch']:.1f} s)")
-        print(f"wrote {args.out}")
-        return OK
-
-    return _run_with_backend(args, config, work)
-
-
-MAX_SAMPLES_FACTOR = 4  # validate's default --max-samples: 4 x the run it would make for equivalence alone
 
 
 def eval_png_path(out: str, png: str | None) -> str | None:
@@ -188,7 +64,7 @@ def load_eval_configs(args: argparse.Namespace) -> tuple[JobConfig, EvalConfig]:
     from pydantic import ValidationError
 
     from presto_ray.config import SamplerConfig
-    from presto_ray.job import JobConfig
+    from presto_ray.job import JobConfig, yaml_error_text
 
     source = args.config or "default configuration"
     try:
@@ -213,7 +89,9 @@ def load_eval_configs(args: argparse.Namespace) -> tuple[JobConfig, EvalConfig]:
             section = type(section).model_validate({**section.model_dump(), **overrides})
     except ValidationError as e:
         raise BadInput(validation_message(e, source + (" with command-line overrides" if args.seed is not None else ""))) from None
-    except (OSError, ValueError, yaml.YAMLError) as e:
+    except yaml.YAMLError as e:  # PyYAML's own text spans several lines, with a copy of the offending one
+        raise BadInput(f"{args.config}: not valid YAML: {yaml_error_text(e)}") from None
+    except (OSError, ValueError) as e:
         raise BadInput(f"{args.config}: {e}") from None
     return job, section
 
@@ -268,7 +146,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         return fail("--work needs --ray (the in-process eval keeps no rows)")
 
     def finish(report: EvalReport) -> int:
-        write_json_atomic({**report.to_json(), **_provenance(config)}, args.out)
+        write_json_atomic({**report.to_json(), **provenance(config)}, args.out)
         per = f", {eval_config.samples} answers per problem" if eval_config.samples > 1 else ""
         per += f", seeds {report.seeds[0]}..{report.seeds[-1]} (greedy: the first)" if len(report.seeds) > 1 else ""
         print(f"{task}: {len(problems)} problems ({about}), answers up to {config.sampler.horizon} tokens{per}")
@@ -294,7 +172,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     def work(backend: Backend) -> int:
         return finish(run_eval(backend, problems, config.sampler, **run))
 
-    return _run_with_backend(args, config, work)
+    return run_with_backend(args, config, work)
 
 
 def _eval_on_ray(
@@ -324,32 +202,6 @@ def _eval_on_ray(
         if runner is not None:
             runner.close()
     return finish(report)
-
-
-def add_validate(sub: Subparsers) -> None:
-    a = sub.add_parser(
-        "validate",
-        help="TOST: does prefetching sample the serial chain's law on this model? (serial vs the config's traversal)",
-    )
-    a.add_argument("--config", default=None, help="YAML job config (engine, sampler; its traversal is the prefetching side)")
-    a.add_argument("--prompts", default=str(EXAMPLES), help="JSONL or Parquet with id and prompt/messages")
-    a.add_argument("--chains", type=int, default=None, help="chains per prompt and side (overrides chains_per_prompt)")
-    a.add_argument("--seed", type=int, default=None, help="seed of both sides' chains (overrides the config)")
-    a.add_argument("--out", default="out/validate.json", help="JSON report (top-level key `equivalent`)")
-    a.add_argument(
-        "--margin", action="append", default=None, metavar="SD|NAME=VALUE",
-        help="equivalence margin: a number sets every statistic's margin in pooled standard deviations "
-        "(default 0.5); NAME=VALUE an absolute margin for one statistic (mean_logp0, length, alpha_logp0, "
-        "acceptance_rate); repeatable",
-    )  # fmt: skip
-    a.add_argument("--alpha-level", type=float, default=0.05, help="level of each one-sided test (default 0.05: a 90%% CI)")
-    a.add_argument("--fault", action="store_true", help="break the prefetching side's kernel (no length correction): the check "
-                   "must fail where the fault changes the law (the power line says whether it can)")
-    a.add_argument("--max-samples", type=int, default=None, metavar="N",
-                   help="samples per side the run may grow to for 90%% power against the fault (default: 4x the samples "
-                   "equivalence needs); ignored with --chains")
-    add_ray_options(a, "run the chains through Ray (replicas and the batching coordinator)")
-    a.set_defaults(func=cmd_validate)
 
 
 def add_eval(sub: Subparsers) -> None:
