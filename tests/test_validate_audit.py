@@ -119,3 +119,10 @@ def test_on_configs_toy_yaml_at_its_defaults_both_verdicts_come_out_right(tmp_pa
             assert "NOT equivalent: the decision audit" in capsys.readouterr().out
         else:
             assert report["verdict"] == "equivalent" and report["audit"]["disagreements"] == 0
+
+
+def test_in_fixed_length_mode_the_faulty_kernel_is_the_correct_one_and_the_audit_agrees():
+    """Every state has the horizon's length: the length correction is 0 and the faulty bound's
+    candidate length |x| is the horizon the chain passes; the audit must not cry wolf."""
+    report, _ = _audited(CONFIG.model_copy(update={"fixed_length": True}), faulty_kernel)
+    assert report["complete"] and report["early_rejected_steps"] > 0 and report["disagreements"] == 0, report
