@@ -24,6 +24,15 @@ Exact early rejection (docs/samplers.md): the tree names the keys that nodes in 
 state use (the root and every node below reject edges only), the nodes whose bound the chain
 knows at plan time; and a node in the root's state whose request was stopped early has no accept
 branch (its rejection is certain).
+
+Incremental (`PlanCache`): a streaming chain plans at every event, and an event changes the
+knowledge of one request, or moves the root one step down the tree. A node is a pure function of
+(its event, its facts, the knowledge of its own request, whether it is in the root's state), so
+the cache keeps one node object per (event, facts) across trees, re-expands only the nodes whose
+request's knowledge changed since they were expanded, and a tree is a walk over the kept nodes
+from the root, level by level, that dresses each node as this tree sees it (levels past the
+keyed-depth limit are dead). The trees are exactly the ones a build from nothing gives:
+tests/test_plan_cache.py compares them node for node at every event.
 """
 
 from __future__ import annotations
@@ -35,6 +44,24 @@ from presto_ray.schedule import Event, Schedule
 from presto_ray.selection import PlanNode
 
 RequestKey = tuple[int, tuple[int, ...]]  # (event index, prefix tokens)
+
+
+class TokenRun(tuple[int, ...]):
+    """Tokens that hash once. A plan hashes its prefixes and keys at every node of every tree, and
+    a prefix is as long as the horizon: a plain tuple hashes all its tokens each time. It equals
+    and hashes as the plain tuple of the same tokens, so plain and cached keys mix in any dict;
+    its slices and sums are plain tuples."""
+
+    _hash: int
+
+    def __new__(cls, tokens: tuple[int, ...]) -> "TokenRun":
+        run = super().__new__(cls, tokens)
+        run._hash = tuple.__hash__(run)
+        return run
+
+    def __hash__(self) -> int:
+        return self._hash
+
 
 # What is known of each running or finished proposal: (its tokens so far, whether it has ended).
 ProposalKnowledge = Mapping[RequestKey, "tuple[tuple[int, ...], bool]"]
@@ -58,6 +85,8 @@ class _Facts(NamedTuple):  # a tuple: hashed and compared in C, a tree hashes th
 
 @dataclass
 class PlanTree:
+    """A plan. Its nodes are the cache's: valid until the planner's next tree."""
+
     root: PlanNode
     keys: set[RequestKey]  # every key some node of the tree needs
     fork_points: dict[RequestKey, int]  # unfinished proposal -> its token count that unlocks a deferred step
@@ -67,9 +96,8 @@ class PlanTree:
 
 
 class _Expansion(NamedTuple):
-    """What one node of a tree is, given its facts, as far as a later tree from the same root can
-    reuse it: its request, flags and children's facts, and what it read of the stream's knowledge
-    (`info`: the knowledge of its own request; `stopped`: whether that request was stopped early)."""
+    """What one node is, given its facts and the knowledge it read: its request, flags and
+    children's facts."""
 
     key: RequestKey | None
     free: bool
@@ -77,30 +105,270 @@ class _Expansion(NamedTuple):
     fork: tuple[RequestKey, int] | None  # (running proposal, its token count that unlocks this step)
     is_fork: bool  # its prefix holds tokens of a proposal still being generated
     branches: tuple[tuple[_Facts, float], ...]
-    info: object
-    stopped: bool
 
 
-_UNREAD = object()  # an expansion that read no knowledge
+@dataclass(frozen=True)
+class PlanRules:
+    """How a node expands: the chain's settings and its planner's cut and branch laws.
+    `cut_for(step, length)` is the cut of MH step `step` for a state of `length` tokens whose
+    known part is the root's (None when it cannot be told now)."""
+
+    schedule: Schedule
+    fixed_length: bool
+    stop_at_eos: bool
+    eos_token_id: int | None
+    cut_for: Callable[[int, int], "int | None"]
+    accept_branch_probability: Callable[[int, float], float]
+    requests_per_step: int = 1
+
+    def ends_with_eos(self, facts: _Facts) -> bool:
+        known = facts.known
+        return facts.whole_known and not self.fixed_length and self.eos_token_id is not None and bool(known) and known[-1] == self.eos_token_id
+
+    def expand(
+        self, event: Event, facts: _Facts, last: bool, at_root: bool, proposal: ProposalKnowledge, stopped_early: StoppedEarly
+    ) -> _Expansion | None:
+        """The node of `facts` at `event` (None: dead, nothing below it is planned); `last`: the
+        deepest planned event (no children); `at_root`: `facts` are the root's."""
+        key: RequestKey | None = None
+        fork = None
+        is_fork = free = pending = False
+        if event.is_extension:
+            if not facts.whole_known:
+                return None  # the whole state is the prefix: unknown below a generation
+            if facts.length >= event.horizon or self.ends_with_eos(facts):
+                free = True
+                branches = [(facts, 1.0)]
+            else:
+                key = (event.index, facts.known)
+                branches = [(_accepted(facts, key, facts.length, event.horizon, proposal.get(key)), 1.0)]
+        else:
+            cut = self.cut_for(event.step, facts.length)
+            if cut is None:
+                return None  # cannot be told now
+            h_accept = self.accept_branch_probability(event.step, cut / event.horizon)
+            if cut > len(facts.known):  # deferred: its prefix holds tokens not generated yet
+                source = facts.source
+                if source is None or (facts.source_end is not None and cut > facts.source_end):
+                    return None  # nobody is generating them
+                # a fork once the source has these tokens; until then the step is pending and
+                # the walk's future beyond it is planned (requests whose prefix exists may start)
+                fork = (source, cut - facts.source_start)
+                pending = True
+                after_accept = _Facts(facts.known, facts.length, False, source, facts.source_start, source_end=cut)
+                branches = [(after_accept, h_accept), (facts, 1.0 - h_accept)]
+            else:
+                key = (event.index, TokenRun(facts.known[:cut]))
+                is_fork = facts.source is not None and cut > facts.source_start
+                if at_root and key in stopped_early:
+                    branches = [(facts, 1.0)]  # rejection is certain: no accept branch
+                else:
+                    # guess: an unfinished proposal ends where the state it replaces ended
+                    info = proposal.get(key)
+                    branches = [(_accepted(facts, key, cut, facts.length, info), h_accept), (facts, 1.0 - h_accept)]
+        if last:
+            branches = []
+        elif event.ends_block and self.stop_at_eos:
+            branches = [(child, p) for child, p in branches if not self.ends_with_eos(child)]
+        return _Expansion(key, free, pending, fork, is_fork, tuple(branches))
+
+
+def _accepted(facts: _Facts, key: RequestKey, cut: int, guessed_length: int, info: tuple[tuple[int, ...], bool] | None) -> _Facts:
+    """The state after `key`'s proposal replaced everything from `cut` on."""
+    generated, ended = info if info is not None else ((), False)
+    known = TokenRun(facts.known[:cut] + generated)
+    if ended:
+        return _Facts(known, len(known), True)
+    if info is None:
+        return _Facts(known, guessed_length, False)
+    return _Facts(known, guessed_length, False, source=key, source_start=cut)
+
+
+_UNDRESSED, _AS_EXPANDED, _AS_DEAD = 0, 1, 2
+
+
+class _CachedNode(PlanNode):
+    """A plan node the cache keeps across trees, with what made it."""
+
+    __slots__ = ("event", "facts", "expansion", "branch_nodes", "stale", "read_root", "look", "root_of", "at_root")
+
+    def __init__(self, event: Event, facts: _Facts) -> None:
+        super().__init__(depth=0)
+        self.event = event
+        self.facts = facts
+        self.expansion: _Expansion | None = None
+        self.branch_nodes: list[tuple[PlanNode, float]] = []
+        self.stale = True  # not expanded with the current knowledge
+        self.read_root = False  # expanded as a node in the root's state
+        self.look = _UNDRESSED
+        self.root_of: _Facts | None = None  # the root `at_root` was found for
+        self.at_root = False  # its facts are that root's
+
+
+_NO_KNOWLEDGE: dict = {}
+
+
+# A cache holding more nodes than this many times its last tree's (superseded knowledge leaves
+# nodes no tree reaches again) starts afresh: memory stays bounded on long chains.
+MAX_STORED_PER_TREE_NODE = 8
+MIN_STORED_NODES = 4096
 
 
 class PlanCache:
-    """Expansions of earlier trees' nodes, by (depth, facts), kept while the trees share a root
-    (the walk has not moved) and the predictor has not refitted. A streaming chain rebuilds its
-    tree at every event, and most events change the knowledge of one request only, so most nodes
-    expand as before: a reused expansion is checked against what it read, never trusted blindly."""
+    """The nodes of a chain's trees, by (event index, facts), kept while what they read stays:
+    `version` (the predictor's fits), `depends_on` (compared by identity: the state, when cuts
+    depend on more than its length), the deepest plannable event, and the knowledge of each
+    node's own request (changed knowledge re-expands the nodes that read it). Nodes of events
+    the walk has passed are dropped as it moves."""
 
     def __init__(self) -> None:
-        self._root: tuple[object, int, int] | None = None
-        self._expansions: dict[tuple[int, _Facts], _Expansion] = {}
+        self._version: tuple[int, object, int] | None = None
+        self._event_index = 0
+        self._nodes: dict[int, dict[_Facts, _CachedNode]] = {}  # event index -> facts -> node
+        self._readers: dict[RequestKey, set[_CachedNode]] = {}  # request -> nodes that read its knowledge
+        self._events: dict[int, Event] = {}
+        self._proposal: dict[RequestKey, tuple[tuple[int, ...], bool]] = {}
+        self._stopped: frozenset[RequestKey] = frozenset()
+        self._stored = 0  # nodes created since the cache last started afresh
+        self._root_tokens: tuple[object, TokenRun] = (None, TokenRun(()))  # the state's tokens, as a TokenRun
+        self._last_tree_nodes = 0
 
-    def for_root(self, state: object, event_index: int, version: int) -> dict[tuple[int, _Facts], _Expansion]:
-        """The expansions for trees from `state` (compared by identity) at `event_index`;
-        `version`: anything else they read that may change (the predictor's fits)."""
-        root = (state, event_index, version)
-        if self._root is None or self._root[0] is not state or self._root[1:] != root[1:]:
-            self._root, self._expansions = root, {}
-        return self._expansions
+    def _sync(self, event_index: int, version: tuple[int, object, int]) -> None:
+        old = self._version
+        too_many = self._stored > max(MIN_STORED_NODES, MAX_STORED_PER_TREE_NODE * self._last_tree_nodes)
+        if old is None or old[0] != version[0] or old[1] is not version[1] or old[2] != version[2] or too_many:
+            self._version, self._nodes, self._readers, self._events, self._stored = version, {}, {}, {}, 0
+            self._proposal, self._stopped = {}, frozenset()  # no node read them
+        elif event_index != self._event_index:
+            for passed in [e for e in self._nodes if e < event_index]:
+                del self._nodes[passed]
+            for key in [key for key in self._readers if key[0] < event_index]:
+                del self._readers[key]
+        self._event_index = event_index
+
+    def _learn(self, proposal: ProposalKnowledge | None, stopped_early: StoppedEarly | None) -> None:
+        """Mark stale the nodes whose request's knowledge changed since the last tree."""
+        now = dict(proposal) if proposal else {}
+        stopped = frozenset(stopped_early) if stopped_early else frozenset()
+        before = self._proposal
+        changed = [key for key, info in now.items() if before.get(key) != info]
+        changed += [key for key in before if key not in now]
+        changed += list(stopped ^ self._stopped)
+        for key in changed:
+            for node in self._readers.get(key, ()):
+                node.stale = True
+        self._proposal, self._stopped = now, stopped
+
+    def _node(self, event_index: int, facts: _Facts, schedule: Schedule) -> _CachedNode:
+        level = self._nodes.get(event_index)
+        if level is None:
+            level = self._nodes[event_index] = {}
+        node = level.get(facts)
+        if node is None:
+            event = self._events.get(event_index)
+            if event is None:
+                event = self._events[event_index] = schedule.event(event_index)
+            node = level[facts] = _CachedNode(event, facts)
+            self._stored += 1
+        return node
+
+    def _expand(self, node: _CachedNode, rules: PlanRules, last_event: int, at_root: bool) -> None:
+        event = node.event
+        expansion = rules.expand(event, node.facts, event.index >= last_event, at_root, self._proposal, self._stopped)
+        node.expansion, node.stale, node.read_root, node.look = expansion, False, at_root, _UNDRESSED
+        if expansion is None:
+            node.branch_nodes = []
+            return
+        if expansion.key is not None:
+            self._readers.setdefault(expansion.key, set()).add(node)
+        schedule = rules.schedule
+        node.branch_nodes = [(self._node(event.index + 1, child, schedule), p) for child, p in expansion.branches]
+
+    def tree(
+        self,
+        tokens: tuple[int, ...],
+        event_index: int,
+        rules: PlanRules,
+        *,
+        version: int,
+        depends_on: object = None,
+        max_keyed_depth: int,
+        proposal: ProposalKnowledge | None = None,
+        stopped_early: StoppedEarly | None = None,
+    ) -> PlanTree:
+        """The DAG of future events from the realized state `tokens` at event `event_index`
+        (see `build_plan_tree`). `version` must change whenever `rules`' branch law does, and
+        `depends_on` be another object whenever its cut law does."""
+        schedule = rules.schedule
+        max_depth = min(MAX_PLAN_DEPTH, schedule.num_events - event_index)
+        last_event = event_index + max_depth - 1
+        self._sync(event_index, (version, depends_on, last_event))
+        self._learn(proposal, stopped_early)
+        if tokens is not self._root_tokens[0]:
+            self._root_tokens = (tokens, TokenRun(tuple(tokens)))
+        root = self._node(event_index, _Facts(self._root_tokens[1], len(tokens), True), schedule)
+        root_facts = root.facts
+        root_known = root_facts.known
+        tree = PlanTree(root, set(), {}, set(), set())
+        keys, fork_points, forks, root_state_keys = tree.keys, tree.fork_points, tree.forks, tree.root_state_keys
+        requests_per_step = rules.requests_per_step
+        level: dict[_CachedNode, None] = {root: None}
+        keyed_depths = 0
+        nodes, free_nodes = 1, 0
+        depth = 0
+        while depth < max_depth and level and keyed_depths < max_keyed_depth:
+            following: dict[PlanNode, None] = {}
+            any_keyed = False
+            for node in level:
+                node.depth = depth
+                facts = node.facts
+                if node.root_of is not root_facts:  # compared once per root
+                    node.root_of = root_facts
+                    node.at_root = facts is root_facts or (facts.whole_known and facts.known == root_known)
+                at_root = node.at_root
+                if node.stale or node.read_root is not at_root:
+                    self._expand(node, rules, last_event, at_root)
+                expansion = node.expansion
+                if expansion is None:
+                    _dress_dead(node)
+                    continue
+                key = expansion.key
+                if node.look != _AS_EXPANDED:
+                    node.key, node.free, node.pending = key, expansion.free, expansion.pending
+                    node.value = 0.0 if expansion.free else 1.0
+                    node.cost = requests_per_step if key is not None and not node.event.is_extension else 1
+                    node.children = node.branch_nodes
+                    node.look = _AS_EXPANDED
+                if expansion.free:
+                    free_nodes += 1
+                if expansion.pending:
+                    source, needed = expansion.fork  # type: ignore[misc]
+                    fork_points[source] = min(needed, fork_points.get(source, needed))
+                if key is not None:
+                    if expansion.is_fork:
+                        forks.add(key)
+                    keys.add(key)
+                    if at_root:
+                        root_state_keys.add(key)
+                    any_keyed = True
+                for child, _ in node.branch_nodes:
+                    following[child] = None
+            nodes += len(following)
+            keyed_depths += any_keyed
+            level = following  # type: ignore[assignment]
+            depth += 1
+        for node in level:  # past the keyed-depth limit: dead in this tree
+            node.depth = depth
+            _dress_dead(node)
+        tree.max_value = 1.0 if nodes > free_nodes else 0.0
+        self._last_tree_nodes = nodes
+        return tree
+
+
+def _dress_dead(node: _CachedNode) -> None:
+    if node.look != _AS_DEAD:
+        node.key, node.free, node.pending, node.value, node.cost, node.children = None, False, False, 1.0, 1, []
+        node.look = _AS_DEAD
 
 
 def build_plan_tree(
@@ -117,137 +385,14 @@ def build_plan_tree(
     requests_per_step: int = 1,
     proposal: ProposalKnowledge | None = None,
     stopped_early: StoppedEarly | None = None,
-    cache: dict[tuple[int, _Facts], _Expansion] | None = None,
 ) -> PlanTree:
-    """The DAG of future events from the realized state `tokens` at event `event_index`.
+    """The DAG of future events from the realized state `tokens` at event `event_index`, built
+    from nothing (a `PlanCache` gives the same trees, reusing their nodes).
 
-    `cut_for(step, length)` is the cut of MH step `step` for a state of `length` tokens whose
-    known part is the root's (None when it cannot be told now). `proposal[key]` tells what is
-    known of a request's proposal (streaming); without it nothing below an accept edge is.
-    `cache`: `PlanCache.for_root(state, event_index, ...)`, whose expansions this tree reuses
-    and extends (the same tree as without it).
+    `proposal[key]` tells what is known of a request's proposal (streaming); without it nothing
+    below an accept edge is.
     """
-
-    def ends_with_eos(facts: _Facts) -> bool:
-        known = facts.known
-        return facts.whole_known and not fixed_length and eos_token_id is not None and bool(known) and known[-1] == eos_token_id
-
-    def accepted(facts: _Facts, key: RequestKey, cut: int, guessed_length: int, info: tuple[tuple[int, ...], bool] | None) -> _Facts:
-        """The state after `key`'s proposal replaced everything from `cut` on."""
-        generated, ended = info if info is not None else ((), False)
-        known = facts.known[:cut] + generated
-        if ended:
-            return _Facts(known, len(known), True)
-        if info is None:
-            return _Facts(known, guessed_length, False)
-        return _Facts(known, guessed_length, False, source=key, source_start=cut)
-
-    def expand(depth: int, event: Event, facts: _Facts) -> _Expansion | None:
-        """The node of `facts` at `depth` (None: dead, nothing below it is planned)."""
-        key: RequestKey | None = None
-        info: object = _UNREAD
-        stopped = False
-        fork = None
-        is_fork = free = pending = False
-        if event.is_extension:
-            if not facts.whole_known:
-                return None  # the whole state is the prefix: unknown below a generation
-            if facts.length >= event.horizon or ends_with_eos(facts):
-                free = True
-                branches = [(facts, 1.0)]
-            else:
-                key = (event.index, facts.known)
-                info = proposal.get(key) if proposal is not None else None
-                branches = [(accepted(facts, key, facts.length, event.horizon, info), 1.0)]
-        else:
-            cut = cut_for(event.step, facts.length)
-            if cut is None:
-                return None  # cannot be told now
-            h_accept = accept_branch_probability(event.step, cut / event.horizon)
-            if cut > len(facts.known):  # deferred: its prefix holds tokens not generated yet
-                source = facts.source
-                if source is None or (facts.source_end is not None and cut > facts.source_end):
-                    return None  # nobody is generating them
-                # a fork once the source has these tokens; until then the step is pending and
-                # the walk's future beyond it is planned (requests whose prefix exists may start)
-                fork = (source, cut - facts.source_start)
-                pending = True
-                after_accept = _Facts(facts.known, facts.length, False, source, facts.source_start, source_end=cut)
-                branches = [(after_accept, h_accept), (facts, 1.0 - h_accept)]
-            else:
-                key = (event.index, facts.known[:cut])
-                is_fork = facts.source is not None and cut > facts.source_start
-                stopped = facts == root_facts and stopped_early is not None and key in stopped_early
-                if stopped:
-                    branches = [(facts, 1.0)]  # rejection is certain: no accept branch
-                else:
-                    # guess: an unfinished proposal ends where the state it replaces ended
-                    info = proposal.get(key) if proposal is not None else None
-                    branches = [(accepted(facts, key, cut, facts.length, info), h_accept), (facts, 1.0 - h_accept)]
-        if depth + 1 >= max_depth:
-            branches = []
-        elif event.ends_block and stop_at_eos:
-            branches = [(child, p) for child, p in branches if not ends_with_eos(child)]
-        return _Expansion(key, free, pending, fork, is_fork, tuple(branches), info, stopped)
-
-    def still_holds(expansion: _Expansion, facts: _Facts) -> bool:
-        """Whether a cached expansion read the knowledge this tree has."""
-        key = expansion.key
-        if key is None:
-            return True
-        if expansion.info is not _UNREAD and expansion.info != (proposal.get(key) if proposal is not None else None):
-            return False
-        if facts == root_facts and stopped_early is not None and (key in stopped_early) != expansion.stopped:
-            return False
-        return True
-
-    root = PlanNode(depth=0)
-    tree = PlanTree(root, set(), {}, set(), set())
-    root_facts = _Facts(tuple(tokens), len(tokens), True)
-    level: dict[_Facts, PlanNode] = {root_facts: root}
-    keyed_depths = 0
-    nodes, free_nodes = 1, 0
-    max_depth = min(MAX_PLAN_DEPTH, schedule.num_events - event_index)
-    expansions = {} if cache is None else cache
-    for depth in range(max_depth):
-        if not level or keyed_depths >= max_keyed_depth:
-            break
-        event = schedule.event(event_index + depth)
-        following: dict[_Facts, PlanNode] = {}
-        any_keyed = False
-        for facts, node in level.items():
-            memo_key = (depth, facts)
-            expansion = expansions.get(memo_key)
-            if expansion is None or not still_holds(expansion, facts):
-                expansion = expand(depth, event, facts)
-                if expansion is None:
-                    continue
-                expansions[memo_key] = expansion
-            key = expansion.key
-            if expansion.free:
-                node.free, node.value = True, 0.0
-                free_nodes += 1
-            if expansion.pending:
-                node.pending = True
-                source, needed = expansion.fork  # type: ignore[misc]
-                tree.fork_points[source] = min(needed, tree.fork_points.get(source, needed))
-            if key is not None:
-                node.key = key
-                if not event.is_extension:
-                    node.cost = requests_per_step
-                if expansion.is_fork:
-                    tree.forks.add(key)
-                tree.keys.add(key)
-                if facts == root_facts:
-                    tree.root_state_keys.add(key)
-                any_keyed = True
-            for child_facts, probability in expansion.branches:
-                child = following.get(child_facts)
-                if child is None:
-                    child = following[child_facts] = PlanNode(depth=depth + 1)
-                    nodes += 1
-                node.children.append((child, probability))
-        keyed_depths += any_keyed
-        level = following
-    tree.max_value = 1.0 if nodes > free_nodes else 0.0
-    return tree
+    rules = PlanRules(schedule, fixed_length, stop_at_eos, eos_token_id, cut_for, accept_branch_probability, requests_per_step)
+    return PlanCache().tree(
+        tokens, event_index, rules, version=0, max_keyed_depth=max_keyed_depth, proposal=proposal, stopped_early=stopped_early
+    )

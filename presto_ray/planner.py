@@ -17,7 +17,7 @@ from presto_ray.early_rejection import RejectionBound
 from presto_ray.engines.base import ProposalRequest
 from presto_ray.kernels import EntropyCut
 from presto_ray.keys import extension_seed, step_keys, try_seed
-from presto_ray.plan_tree import PlanCache, PlanTree, ProposalKnowledge, RequestKey, StoppedEarly, build_plan_tree
+from presto_ray.plan_tree import PlanCache, PlanRules, PlanTree, ProposalKnowledge, RequestKey, StoppedEarly
 from presto_ray.predictor import EdgePredictor
 from presto_ray.selection import select_breadth_first, select_max_expected
 
@@ -43,6 +43,15 @@ class Planner:
         self._cut_memo_state = chain.state
         self._cuts_depend_on_state = isinstance(chain.kernel.cut_law, EntropyCut)
         self._plan_cache = PlanCache()
+        self._rules = PlanRules(
+            chain.schedule,
+            fixed_length=config.fixed_length,
+            stop_at_eos=config.stop_at_eos,
+            eos_token_id=chain.eos_token_id,
+            cut_for=self._planned_cut,
+            accept_branch_probability=self._accept_branch_probability,
+            requests_per_step=chain.kernel.num_tries,
+        )
 
     def observe(self, report: WalkReport) -> None:
         """Learn from the MH edges a walk realized; and never bound again a key it could not use."""
@@ -55,21 +64,16 @@ class Planner:
         """The plan from the chain's current state. Streaming passes what it knows of running and
         finished proposals (`proposal`, `stopped_early`); rounds know nothing below an accept."""
         chain, config = self.chain, self.chain.config
-        return build_plan_tree(
+        return self._plan_cache.tree(
             chain.state.tokens,
             chain.event_index,
-            chain.schedule,
-            fixed_length=config.fixed_length,
-            stop_at_eos=config.stop_at_eos,
-            eos_token_id=chain.eos_token_id,
-            cut_for=self._planned_cut,
-            accept_branch_probability=self._accept_branch_probability,
+            self._rules,
+            version=self.predictor.num_fits,
+            depends_on=chain.state if self._cuts_depend_on_state else None,
             max_keyed_depth=1 if config.traversal == "serial" else config.prefetch_budget,
-            requests_per_step=chain.kernel.num_tries,
             # MultiTryMH: which try an accept keeps is known only when the step is walked
             proposal=proposal if chain.kernel.num_tries == 1 else None,
             stopped_early=stopped_early,
-            cache=self._plan_cache.for_root(chain.state, chain.event_index, self.predictor.num_fits),
         )
 
     def select(self, tree: PlanTree, budget: int, issued: set[RequestKey], min_gain: float | None = None) -> list[RequestKey]:

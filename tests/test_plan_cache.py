@@ -1,0 +1,122 @@
+"""The incremental plan (PlanCache) is the plan built from nothing: at every tree a chain asks
+for, in every schedule, sampler and early-rejection setting, node for node (keys, flags, values,
+costs, branch probabilities, the DAG's shape) and in the tree's sets and fork points (in order)."""
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from presto_ray import SamplerConfig
+from presto_ray.chain import Chain
+from presto_ray.driver import run_chain
+from presto_ray.engines.toy import ToyEngine
+from presto_ray.plan_tree import PlanCache, PlanTree, build_plan_tree
+from presto_ray.planner import Planner
+from identity_helpers import CONFIG_FIELDS, engines
+
+
+def assert_same_tree(tree: PlanTree, reference: PlanTree) -> None:
+    assert tree.keys == reference.keys
+    assert list(tree.fork_points.items()) == list(reference.fork_points.items())
+    assert tree.forks == reference.forks
+    assert tree.root_state_keys == reference.root_state_keys
+    assert tree.max_value == reference.max_value
+    pairs = {id(reference.root): tree.root}
+    level = [(tree.root, reference.root)]
+    while level:
+        following = []
+        for node, other in level:
+            assert (node.depth, node.key, node.free, node.pending, node.value, node.cost) == (
+                other.depth, other.key, other.free, other.pending, other.value, other.cost
+            )
+            assert [p for _, p in node.children] == [p for _, p in other.children]
+            for (child, _), (other_child, _) in zip(node.children, other.children):
+                paired = pairs.setdefault(id(other_child), child)
+                assert paired is child, "the DAG merges other nodes"
+                following.append((child, other_child))
+        level = list({id(pair[1]): pair for pair in following}.values())
+
+
+@pytest.fixture
+def checked_trees(monkeypatch):
+    """Every Planner.tree checked against a tree built from nothing; returns the count."""
+    incremental = Planner.tree
+    count = [0]
+
+    def checked(self, proposal=None, stopped_early=None):
+        tree = incremental(self, proposal, stopped_early)
+        chain, config = self.chain, self.chain.config
+        rules = self._rules
+        reference = build_plan_tree(
+            chain.state.tokens, chain.event_index, chain.schedule,
+            fixed_length=rules.fixed_length, stop_at_eos=rules.stop_at_eos, eos_token_id=rules.eos_token_id,
+            cut_for=rules.cut_for, accept_branch_probability=rules.accept_branch_probability,
+            max_keyed_depth=1 if config.traversal == "serial" else config.prefetch_budget,
+            requests_per_step=rules.requests_per_step,
+            proposal=proposal if chain.kernel.num_tries == 1 else None, stopped_early=stopped_early,
+        )
+        assert_same_tree(tree, reference)
+        count[0] += 1
+        return tree
+
+    monkeypatch.setattr(Planner, "tree", checked)
+    return count
+
+
+configs = st.fixed_dictionaries(
+    {
+        **CONFIG_FIELDS,
+        "sampler": st.sampled_from(["power_mh", "power_mh", "entropy_cut", "multi_try"]),
+        "traversal": st.sampled_from(["bfs", "predictive"]),
+        "schedule": st.sampled_from(["streaming", "streaming", "rounds"]),
+    }
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(configs, engines, st.lists(st.integers(1, 11), max_size=4))
+def test_every_incremental_tree_is_the_tree_from_nothing(checked_trees, config_kwargs, engine_kwargs, prompt):
+    engine = ToyEngine(**engine_kwargs)
+    prompt = [t % engine_kwargs["vocab_size"] for t in prompt]
+    run_chain(engine, Chain(prompt, SamplerConfig(**config_kwargs), engine.eos_token_id))
+
+
+@pytest.mark.parametrize("fixed_length", [True, False])
+@pytest.mark.parametrize("early_rejection", [True, False])
+def test_a_long_streaming_chain_plans_incrementally_and_exactly(checked_trees, fixed_length, early_rejection):
+    """The toy job's shape (peaked model, 48-token blocks, budget 16): forks, fork points, stopped
+    proposals and refits all happen, and every tree matches."""
+    engine = ToyEngine(vocab_size=64, eos_token_id=0, seed=1, logit_scale=4.0, eos_bias=-3.0)
+    config = SamplerConfig(block_size=24, num_blocks=2, mh_steps=12, prefetch_budget=16, seed=5,
+                           fixed_length=fixed_length, early_rejection=early_rejection, refit_every=8)
+    chain = Chain([5, 6, 7], config, engine.eos_token_id)
+    run_chain(engine, chain)
+    assert checked_trees[0] > 50
+    assert chain.stats.forked_requests > 0
+
+
+def test_a_cache_that_outgrows_its_trees_starts_afresh(checked_trees, monkeypatch):
+    """Superseded knowledge leaves nodes no tree reaches: past the limit the cache starts over,
+    and its trees stay the trees from nothing."""
+    import presto_ray.plan_tree as plan_tree
+
+    engine = ToyEngine(vocab_size=64, eos_token_id=0, seed=1, logit_scale=4.0, eos_bias=-3.0)
+    config = SamplerConfig(block_size=24, num_blocks=1, mh_steps=10, prefetch_budget=12, seed=2, refit_predictor=False)
+    reference = Chain([5, 6, 7], config, engine.eos_token_id)
+    run_chain(engine, reference)
+
+    monkeypatch.setattr(plan_tree, "MIN_STORED_NODES", 0)
+    monkeypatch.setattr(plan_tree, "MAX_STORED_PER_TREE_NODE", 1)
+    afresh = []
+    real_sync = PlanCache._sync
+
+    def counting_sync(self, event_index, version):
+        before = self._nodes
+        real_sync(self, event_index, version)
+        afresh.append(self._nodes is not before)
+
+    monkeypatch.setattr(PlanCache, "_sync", counting_sync)
+    chain = Chain([5, 6, 7], config, engine.eos_token_id)
+    run_chain(engine, chain)
+    assert sum(afresh) > len(afresh) // 3  # at these limits every other tree or so starts afresh
+    assert chain.state.tokens == reference.state.tokens and chain.stats == reference.stats
