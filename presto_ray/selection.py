@@ -55,7 +55,7 @@ def _propagate(alive: dict[PlanNode, float], chosen: set) -> tuple[float, dict[P
     gain = 0.0
     reached: dict[PlanNode, float] = defaultdict(float)
     for node, mass in alive.items():
-        if node.passes_without_request:
+        if node.free or node.pending:  # passes_without_request, inlined: the hottest loop of a plan
             pass  # completes nothing now, passes its mass on
         elif node.key is not None and node.key in chosen:
             gain += mass * node.value
@@ -175,7 +175,7 @@ def select_max_expected(
                 cost_of[node.key] = node.cost
         candidates = [k for k in mass_by_key if mass_by_key[k] >= cost_per_request * cost_of[k]]
         candidates = sorted(candidates, key=mass_by_key.__getitem__, reverse=True)[:MAX_KEYS_PER_DEPTH]
-        passes_without_new_key = any(n.passes_without_request or (n.key in chosen_set) for n in alive)
+        passes_without_new_key = any(n.free or n.pending or n.key in chosen_set for n in alive)
         for size in range(len(candidates), -1, -1):
             if size == 0 and not passes_without_new_key:
                 break
