@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import ray
 from ray.util.placement_group import PlacementGroup
-from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 
 from actors.coordinator import CoordinatorHandle, start_coordinator
 from actors.coordinator_shards import CoordinatorShards, shard_replicas
@@ -98,6 +98,18 @@ def _without_restart_args_warning() -> Iterator[None]:
                 os.write(2, b"".join(kept))
 
 
+def coordinator_placement(settings: RayConfig, beside_this_process: bool = False) -> dict[str, Any]:
+    """Ray's options placing a coordinator shard: the custom resources of
+    `ray.placement.coordinator_resources`, else (or with `beside_this_process`: the Serve pool,
+    which reserved those resources itself) the node of this process, softly (a restart after
+    that node is lost goes wherever Ray finds room). Its owner is this process either way: the
+    coordinator dies with it, so this node is the one whose loss costs nothing more."""
+    wanted = settings.placement.coordinator_resources
+    if wanted and not beside_this_process:
+        return {"resources": dict(wanted)}
+    return {"scheduling_strategy": NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)}
+
+
 class SamplingCluster:
     """Engine replicas and the coordinator shards in front of them, started when constructed: Ray
     connected (or started, see `ensure_ray`), every replica ready, the coordinators up and, with
@@ -105,7 +117,9 @@ class SamplingCluster:
     stops what it started.
 
     `replicas`: running replicas to reuse (the cluster leaves them running at shutdown); None
-    starts its own. Actor handles are attributes, so tests can kill them mid-job.
+    starts its own. `coordinators_here`: the coordinators run on this process's node (the Serve
+    pool, placed by `ray.placement.coordinator_resources` itself) instead of reserving those
+    resources again. Actor handles are attributes, so tests can kill them mid-job.
     """
 
     def __init__(
@@ -115,6 +129,7 @@ class SamplingCluster:
         *,
         address: str | None = None,
         replicas: Sequence[ReplicaHandle] | None = None,
+        coordinators_here: bool = False,
     ) -> None:
         self.engine_spec, self.settings, self.address = engine_spec, settings, address
         self._owns_replicas = not replicas
@@ -126,7 +141,7 @@ class SamplingCluster:
         self.replicas: list[ReplicaHandle] = list(replicas) if replicas else self._start_replicas()
         n = len(self.replicas)
         with _without_restart_args_warning():
-            shards = [start_coordinator([self.replicas[i] for i in ids], settings, ids, n)
+            shards = [start_coordinator([self.replicas[i] for i in ids], settings, ids, n, coordinator_placement(settings, coordinators_here))
                       for ids in shard_replicas(n, settings.coordinator_shards)]  # fmt: skip
         self.coordinators = CoordinatorShards(shards, settings.affinity_tokens)
         self.autoscaler: ReplicaAutoscaler | None = None
@@ -240,13 +255,20 @@ class SamplingCluster:
         self.shutdown()
 
     def _replica_options(self) -> dict[str, Any]:
+        """Ray's options for one replica outside a placement group: its CPUs, GPUs and custom
+        resources (`ray.placement.replica_resources`), SPREAD over the nodes that can hold it."""
         s = self.settings
-        return dict(
+        options: dict[str, Any] = dict(
             num_cpus=s.replica_num_cpus,
             num_gpus=self.gpus_per_replica,
             max_restarts=s.replica_max_restarts,
             max_concurrency=max(8, 2 * s.max_inflight_calls),
         )
+        if s.placement.replica_resources:
+            options["resources"] = dict(s.placement.replica_resources)
+        if s.placement.spread_replicas:
+            options["scheduling_strategy"] = "SPREAD"
+        return options
 
     def _start_replicas(self) -> list[ReplicaHandle]:
         """The first replica actors (`num_replicas`, or the autoscaler's `min_replicas`), in one
@@ -255,7 +277,8 @@ class SamplingCluster:
         cpus, gpus = s.replica_num_cpus, self.gpus_per_replica
         options = self._replica_options()
         if s.placement_strategy:
-            bundle = {k: v for k, v in {"CPU": cpus, "GPU": gpus}.items() if v > 0} or {"CPU": 0.001}
+            wanted = {"CPU": cpus, "GPU": gpus, **s.placement.replica_resources}
+            bundle = {k: v for k, v in wanted.items() if v > 0} or {"CPU": 0.001}
             group = ray.util.placement_group([bundle] * s.num_replicas, strategy=s.placement_strategy)
             self._placement_group = group
             ray.get(group.ready())
@@ -267,7 +290,7 @@ class SamplingCluster:
                 opts["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
                     self._placement_group, placement_group_bundle_index=i
                 )
-                if not cpus and not gpus:  # an empty bundle cannot be reserved
+                if not cpus and not gpus and not s.placement.replica_resources:  # an empty bundle cannot be reserved
                     opts["num_cpus"] = 0.001
             replicas.append(remote.options(**opts).remote(self.engine_spec, i))
         ray.get([r.ready.remote() for r in replicas])

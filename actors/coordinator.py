@@ -26,7 +26,8 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Mapping, Sequence
+from typing import Any
 
 import ray
 from ray.actor import ActorProxy
@@ -64,12 +65,15 @@ def start_coordinator(
     settings: RayConfig,
     replica_ids: list[int] | None = None,
     num_cluster_replicas: int | None = None,
+    placement: Mapping[str, Any] | None = None,
 ) -> CoordinatorHandle:
     """The coordinator actor. Its state is soft (queues of in-flight rounds), so Ray may restart
-    it: the rounds it held fail in their chains, which the drivers replay from their keys."""
+    it: the rounds it held fail in their chains, which the drivers replay from their keys.
+    `placement`: Ray options saying where it runs (`resources`, `scheduling_strategy`;
+    actors/cluster.py's `coordinator_placement`)."""
     return (
         ray.remote(Coordinator)
-        .options(num_cpus=0, max_concurrency=100_000, max_restarts=settings.coordinator_max_restarts)
+        .options(num_cpus=0, max_concurrency=100_000, max_restarts=settings.coordinator_max_restarts, **(placement or {}))
         .remote(replicas, settings, replica_ids, num_cluster_replicas)
     )
 

@@ -105,6 +105,7 @@ class PowerSamplingProcessor:
             batch_size=c.batch_size,
             compute=pool,
             num_cpus=c.job.ray.chain_actor_num_cpus,
+            resources=dict(c.job.ray.placement.chain_actor_resources) or None,  # the nodes that run the chains
             fn_constructor_kwargs=dict(
                 coordinators=self.cluster.coordinators,
                 config_json=c.job.model_dump_json(),

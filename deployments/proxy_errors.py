@@ -8,6 +8,13 @@ callback (deployments/proxy_callback.py) puts this middleware around the proxy's
 those answers pass: an error status whose body is not JSON becomes OpenAI's error body, with the
 status and the other headers kept. The ingress's own answers are JSON (and event streams are
 200s), so they pass through untouched.
+
+A replica lost with its node (or killed) mid-request is another case: Serve's proxy then sends
+nothing at all (a 500 before the response started, or the rest of a stream), and uvicorn, outside
+this middleware, answered a plain `Internal Server Error` or cut the stream without its last chunk.
+So when the proxy's app returns without having answered, this middleware answers a 503 in OpenAI's
+shape saying to retry (with `Retry-After`), and a stream it left unfinished ends with an error event
+in OpenAI's shape (`data: {"error": ...}`) instead of a cut connection.
 """
 
 from __future__ import annotations
@@ -20,6 +27,9 @@ from presto_ray.openai import http_error
 
 MAX_TEXT_BYTES = 65536  # of a plain error body kept for the message (Serve's are a line)
 _PASSED = (b"application/json", b"text/event-stream")
+LOST_ANSWER = "the replica answering this request was lost (its node or process died) before it answered; retry"
+LOST_STREAM = "the replica answering this stream was lost (its node or process died) before the stream ended; retry"
+RETRY_AFTER_S = 1
 
 
 def _plain_error(message: Message) -> bool:
@@ -36,8 +46,29 @@ def openai_body(status: int, text: bytes) -> bytes:
     return json.dumps(http_error(status, line or None).body()).encode()
 
 
+def _content_type(message: Message) -> bytes:
+    return next((v for k, v in message.get("headers", ()) if k.lower() == b"content-type"), b"").lower()
+
+
+def lost_answer() -> list[Message]:
+    """The 503 sent for a request whose replica was lost before the response started."""
+    body = json.dumps(http_error(503, LOST_ANSWER).body()).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+               (b"retry-after", str(RETRY_AFTER_S).encode())]  # fmt: skip
+    return [{"type": "http.response.start", "status": 503, "headers": headers},
+            {"type": "http.response.body", "body": body, "more_body": False}]  # fmt: skip
+
+
+def lost_stream_end(event_stream: bool) -> Message:
+    """The last chunk of a response cut short: an event stream's error event in OpenAI's shape."""
+    body = b""
+    if event_stream:
+        body = b"data: " + json.dumps(http_error(503, LOST_STREAM).body()).encode() + b"\n\n"
+    return {"type": "http.response.body", "body": body, "more_body": False}
+
+
 class OpenAIErrorAnswers:
-    """Every error answer that leaves the proxy has OpenAI's error body."""
+    """Every error answer that leaves the proxy has OpenAI's error body, and every response ends."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -48,9 +79,14 @@ class OpenAIErrorAnswers:
             return
         held: Message | None = None  # a plain error's start, sent once its body is replaced
         text = b""
+        started = ended = event_stream = False
 
         async def shaped(message: Message) -> None:
-            nonlocal held, text
+            nonlocal held, text, started, ended, event_stream
+            if message["type"] == "http.response.start":
+                started, event_stream = True, _content_type(message).startswith(b"text/event-stream")
+            elif message["type"] == "http.response.body" and not message.get("more_body", False):
+                ended = True
             if message["type"] == "http.response.start" and _plain_error(message):
                 held = message
                 return
@@ -68,3 +104,10 @@ class OpenAIErrorAnswers:
             held = None
 
         await self.app(scope, receive, shaped)
+        if held is not None:  # a plain error whose body never came
+            await shaped({"type": "http.response.body", "body": b"", "more_body": False})
+        elif not started:  # Serve's proxy lost the replica before it answered
+            for message in lost_answer():
+                await send(message)
+        elif not ended:  # ... or mid-response
+            await send(lost_stream_end(event_stream))

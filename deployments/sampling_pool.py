@@ -21,7 +21,8 @@ class SamplingPool:
 
     def __init__(self, config: dict[str, Any]) -> None:  # a JobConfig as JSON: what Serve passes
         job = JobConfig.model_validate(config)
-        self.cluster = SamplingCluster(job.engine, job.ray)  # started: replicas ready, coordinators up
+        # started: replicas ready, coordinators up on this node (the pool took ray.placement.coordinator_resources)
+        self.cluster = SamplingCluster(job.engine, job.ray, coordinators_here=True)
         self.client_disconnects = 0
 
     def count_disconnect(self) -> None:

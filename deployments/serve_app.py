@@ -50,13 +50,26 @@ def build_app(args: dict[str, Any] | None = None) -> Application:
 
 
 def app_for(config: JobConfig) -> Application:
-    """The application: the ingress (replicas or autoscaling from `serve:`) over one sampling pool."""
+    """The application: the ingress (replicas or autoscaling from `serve:`) over one sampling pool.
+    Placement (`ray.placement`): the ingress replicas reserve `ingress_resources`; the pool, which
+    owns the engine replicas and the coordinators (they die with it), reserves
+    `coordinator_resources`, so it shares the coordinators' node and never a replica's."""
     as_json = config.model_dump(mode="json")
-    ingress_deployment = PrestoIngress.options(**config.serve.ingress_deployment_options())
-    return ingress_deployment.bind(as_json, SamplingPool.bind(as_json))
+    placement = config.ray.placement
+    ingress_deployment = PrestoIngress.options(
+        **config.serve.ingress_deployment_options(), ray_actor_options=_actor_options(placement.ingress_resources)
+    )
+    pool = SamplingPool.options(ray_actor_options=_actor_options(placement.coordinator_resources))
+    return ingress_deployment.bind(as_json, pool.bind(as_json))
+
+
+def _actor_options(resources: dict[str, float]) -> dict[str, Any]:
+    return {"num_cpus": 0, **({"resources": dict(resources)} if resources else {})}
 
 
 def run_service(config: JobConfig, address: str | None = None) -> None:
     """`presto-ray serve`: deploy `config`'s application (local Ray unless `address`), block until
     Ctrl-C or SIGTERM (deployments/service_runner.py)."""
-    service_runner.run_until_stopped(app_for(config), config.serve, ingress.served_model_name(config), address)
+    service_runner.run_until_stopped(
+        app_for(config), config.serve, ingress.served_model_name(config), address, config.ray.placement.http_proxies
+    )

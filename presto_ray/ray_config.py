@@ -35,6 +35,62 @@ class ReplicaAutoscalingConfig(BaseModel):
         return self
 
 
+Resources = dict[str, float]
+
+
+class PlacementConfig(BaseModel):
+    """Where each part runs on a cluster of several nodes (docs/ray.md#placement-on-many-nodes).
+
+    A node offers custom resources (`ray start --resources='{"presto_engine": 1}'`, KubeRay's
+    `rayStartParams.resources`); a part that reserves some runs only on nodes offering them, as an
+    engine replica reserving a GPU runs only on GPU nodes. One unit per node and one per replica
+    is one replica per node. Empty: no custom resource (the defaults below still hold)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    replica_resources: Resources = Field(
+        default_factory=dict,
+        description="Custom resources each engine replica reserves, e.g. {presto_engine: 1} with one unit on each "
+        "engine node: one replica per node, and a replica lost with its node restarts on another node that offers them.",
+    )
+    spread_replicas: bool = Field(
+        True,
+        description="Engine replicas outside a placement group are scheduled with Ray's SPREAD strategy: each on "
+        "another node while nodes that can hold one are free, so one node's loss takes one replica (False: Ray's "
+        "default, which may pack them onto one node).",
+    )
+    coordinator_resources: Resources = Field(
+        default_factory=dict,
+        description="Custom resources each coordinator shard reserves (the Serve pool that owns it reserves them "
+        "too). Empty: the coordinator goes to the node of the process that starts the cluster (the job's driver, "
+        "or the Serve pool), softly: the node whose loss ends the job anyway, never a replica's unless they share it.",
+    )
+    chain_actor_resources: Resources = Field(
+        default_factory=dict,
+        description="Custom resources each stage actor of `sample --ray` reserves (the nodes that run the chains).",
+    )
+    ingress_resources: Resources = Field(
+        default_factory=dict,
+        description="Custom resources each HTTP ingress replica (Serve) reserves.",
+    )
+    http_proxies: Literal["EveryNode", "HeadOnly"] = Field(
+        "EveryNode",
+        description="Where Serve runs its HTTP proxies: on every node with a replica (Serve's default; a load "
+        "balancer in front), or on the head only (one address; several raylets of one machine share one port).",
+    )
+
+    @model_validator(mode="after")
+    def _positive(self) -> "PlacementConfig":
+        for name in ("replica_resources", "coordinator_resources", "chain_actor_resources", "ingress_resources"):
+            for resource, amount in getattr(self, name).items():
+                if resource in ("CPU", "GPU", "memory", "object_store_memory"):
+                    raise ConfigFieldError(f"placement.{name}", f"placement.{name}: {resource!r} is not a custom "
+                                           "resource (CPUs and GPUs have their own settings, e.g. replica_num_gpus)")
+                if not amount > 0:
+                    raise ConfigFieldError(f"placement.{name}", f"placement.{name}: {resource!r} must be above 0, got {amount}")
+        return self
+
+
 class RayConfig(BaseModel):
     """The `ray:` section of a job config; only `presto-ray sample --ray` and Serve read it."""
 
@@ -56,6 +112,10 @@ class RayConfig(BaseModel):
     )
     placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] | None = Field(
         None, description="Reserve all replicas in one placement group with this strategy (None: no group)."
+    )
+    placement: PlacementConfig = Field(
+        default_factory=PlacementConfig,
+        description="Which nodes run the replicas, the coordinator, the stage actors and the ingress.",
     )
     replica_max_restarts: int = Field(3, ge=-1, description="Ray restarts of a dead replica (-1: unlimited).")
     chain_actors: int = Field(

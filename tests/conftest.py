@@ -67,8 +67,29 @@ def serve_base_url(ray_address):
     serve.shutdown()
 
 
+@pytest.fixture(scope="module")
+def multinode_cluster():
+    """A Ray cluster of several raylets on this machine (tests/multinode.py) for one test module:
+    a head, and the worker nodes each test adds by role and loses. Its own GCS, apart from the
+    session's `ray_address` (this process never joins it: jobs and the service run in driver
+    processes). Stopped at the end of the module, every process it started checked gone."""
+    if importlib.util.find_spec("ray") is None:
+        if os.environ.get("CI"):
+            pytest.fail("Ray is not installed: CI must run the Ray tests (make test installs ray[serve])")
+        pytest.skip("Ray is not installed (make test installs ray[serve])")
+    from multinode import LocalCluster
+
+    cluster = LocalCluster()
+    try:
+        yield cluster
+    finally:
+        left = cluster.shutdown()
+    assert not left, f"processes of the multi-node cluster still running after its shutdown: {sorted(left)}"
+
+
 # --- tiers: `make test-fast` runs -m "not vllm and not ray" --------------------------------------
-RAY_FIXTURES = {"ray_address", "serve_base_url"}
+RAY_FIXTURES = {"ray_address", "serve_base_url", "multinode_cluster"}
+MULTINODE_FIXTURES = {"multinode_cluster"}
 VLLM_FIXTURES = {"vllm_engine", "hf_reference"}
 
 
@@ -79,5 +100,7 @@ def pytest_collection_modifyitems(config, items):
         used = set(getattr(item, "fixturenames", ()))
         if used & RAY_FIXTURES:
             item.add_marker(pytest.mark.ray)
+        if used & MULTINODE_FIXTURES:
+            item.add_marker(pytest.mark.multinode)
         if used & VLLM_FIXTURES:
             item.add_marker(pytest.mark.vllm)
