@@ -193,7 +193,8 @@ class _CachedNode(PlanNode):
     __slots__ = ("event", "facts", "expansion", "branch_nodes", "stale", "read_root", "look", "root_of", "at_root")
 
     def __init__(self, event: Event, facts: _Facts) -> None:
-        super().__init__(depth=0)
+        # PlanNode's fields at their defaults, set here: its generated __init__ costs a call per node
+        self.depth, self.key, self.free, self.pending, self.value, self.cost, self.children = 0, None, False, False, 1.0, 1, []
         self.event = event
         self.facts = facts
         self.expansion: _Expansion | None = None
@@ -281,8 +282,13 @@ class PlanCache:
             return
         if expansion.key is not None:
             self._readers.setdefault(expansion.key, set()).add(node)
-        schedule = rules.schedule
-        node.branch_nodes = [(self._node(event.index + 1, child, schedule), p) for child, p in expansion.branches]
+        below = self._nodes.get(event.index + 1)
+        branch_nodes = []
+        for child, p in expansion.branches:
+            found = below.get(child) if below is not None else None
+            branch_nodes.append((found if found is not None else self._node(event.index + 1, child, rules.schedule), p))
+            below = self._nodes[event.index + 1]
+        node.branch_nodes = branch_nodes
 
     def tree(
         self,
