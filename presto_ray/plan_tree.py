@@ -283,7 +283,7 @@ class PlanCache:
         if expansion.key is not None:
             self._readers.setdefault(expansion.key, set()).add(node)
         below = self._nodes.get(event.index + 1)
-        branch_nodes = []
+        branch_nodes: list[tuple[PlanNode, float]] = []
         for child, p in expansion.branches:
             found = below.get(child) if below is not None else None
             branch_nodes.append((found if found is not None else self._node(event.index + 1, child, rules.schedule), p))
