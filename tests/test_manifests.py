@@ -126,3 +126,22 @@ def test_rayjob_entrypoint_is_the_ray_data_job_on_paths_every_node_mounts():
             mounts = {m["name"] for c in pod["containers"] for m in c.get("volumeMounts", []) if m["mountPath"] == "/data"}
             claims = {v["name"]: v["persistentVolumeClaim"]["claimName"] for v in pod.get("volumes", [])}
             assert mounts and all(claims[m] == "presto-data" for m in mounts), manifest
+
+
+@pytest.mark.parametrize("name", ["rayservice.yaml", "rayjob.yaml", "raycluster.yaml"])
+def test_the_nodes_offer_what_the_cluster_config_places_on_them(name):
+    """Issue 33: the GPU workers offer `ray.placement.replica_resources` (one replica per node) and
+    the head `coordinator_resources` (the coordinator and Serve's pool never beside a replica)."""
+    import json
+
+    spec = cluster_specs()[name]
+    placement = JobConfig.from_yaml(ROOT / "configs" / "cluster.yaml").ray.placement
+    offered = {
+        group: json.loads(json.loads(params["resources"]))  # KubeRay's quoted JSON string
+        for group, params in [("head", spec["headGroupSpec"]["rayStartParams"]),
+                              ("gpu", spec["workerGroupSpecs"][0]["rayStartParams"])]
+    }  # fmt: skip
+    assert placement.replica_resources and all(offered["gpu"].get(k, 0) >= v for k, v in placement.replica_resources.items())
+    assert all(offered["gpu"][k] < 2 * v for k, v in placement.replica_resources.items()), "one replica per GPU node"
+    assert placement.coordinator_resources and all(offered["head"].get(k, 0) >= v for k, v in placement.coordinator_resources.items())
+    assert not set(offered["head"]) & set(placement.replica_resources), "no replica on the head"
