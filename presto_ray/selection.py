@@ -167,15 +167,20 @@ def select_max_expected(
             return
         if score + left * max(0.0, sum(alive.values()) * max_value - cost_per_request) <= best_score + 1e-12:
             return
-        mass_by_key: dict[Hashable, float] = defaultdict(float)
+        # one pass: each new key's mass here, and whether the walk can pass this depth without one
+        mass_by_key: dict[Hashable, float] = {}
         cost_of: dict[Hashable, int] = {}
+        passes_without_new_key = False
         for node, mass in alive.items():
-            if node.key is not None and node.key not in chosen_set:
-                mass_by_key[node.key] += mass * node.value
-                cost_of[node.key] = node.cost
+            key = node.key
+            if key is None or key in chosen_set:
+                passes_without_new_key = passes_without_new_key or key is not None or node.free or node.pending
+            else:
+                mass_by_key[key] = mass_by_key.get(key, 0.0) + mass * node.value
+                cost_of[key] = node.cost
+                passes_without_new_key = passes_without_new_key or node.free or node.pending
         candidates = [k for k in mass_by_key if mass_by_key[k] >= cost_per_request * cost_of[k]]
         candidates = sorted(candidates, key=mass_by_key.__getitem__, reverse=True)[:MAX_KEYS_PER_DEPTH]
-        passes_without_new_key = any(n.free or n.pending or n.key in chosen_set for n in alive)
         for size in range(len(candidates), -1, -1):
             if size == 0 and not passes_without_new_key:
                 break
@@ -183,7 +188,7 @@ def select_max_expected(
                 cost = sum(cost_of[k] for k in subset)
                 if cost > left:
                     continue
-                extended = chosen_set.union(subset)
+                extended = chosen_set.union(subset) if subset else chosen_set  # never changed in place
                 gain, reached = _propagate(alive, extended)
                 search(reached, chosen + list(subset), extended, score + gain - cost_per_request * cost, left - cost)
 
