@@ -25,6 +25,8 @@ def _budgets(text: str) -> tuple[int, ...]:
 def cmd_bench(args: argparse.Namespace) -> int:
     if args.virtual_clock:
         return _bench_virtual_clock(args)
+    if args.host_time:
+        return _bench_host_time(args)
     from bench.toy import format_report, run_toy_bench
 
     args.out = args.out or "bench/results/toy.json"
@@ -35,14 +37,38 @@ def cmd_bench(args: argparse.Namespace) -> int:
     report = run_toy_bench(
         budgets=budgets,
         num_chains=args.chains,
-        mh_steps=args.mh_steps,
-        block_size=args.block_size,
+        mh_steps=100 if args.mh_steps_given is None else args.mh_steps_given,
+        block_size=64 if args.block_size_given is None else args.block_size_given,
         out_json=args.out,
         progress=progress,
     )
     print(format_report(report))
     print(f"wrote {args.out}")
     return OK
+
+
+def _bench_host_time(args: argparse.Namespace) -> int:
+    from bench.host_time import BASE, format_report, run_host_time_bench
+
+    out = args.out or "bench/results/host_time.json"
+    try:
+        counts = comma_ints(
+            args.chain_counts,
+            invalid="--chain-counts: expected comma-separated integers, got {text!r}",
+            below_one="--chain-counts: every count must be at least 1",
+        )
+    except BadInput as e:
+        return fail(str(e))
+    # --mh-steps and --block-size default to the toy bench's; here the toy job's sampler decides
+    update = {}
+    if args.mh_steps_given is not None:
+        update["mh_steps"] = args.mh_steps_given
+    if args.block_size_given is not None:
+        update["block_size"] = args.block_size_given
+    report = run_host_time_bench(counts, BASE.model_copy(update=update), profile=args.profile, out_json=out, progress=progress)
+    print(format_report(report))
+    print(f"wrote {out}")
+    return OK if all(row["same_as_serial"] for row in report["rows"]) else FAILED
 
 
 def _bench_virtual_clock(args: argparse.Namespace) -> int:
@@ -177,9 +203,16 @@ def add_bench(sub: Subparsers) -> None:
     b = sub.add_parser("bench", help="serial vs bfs vs predictive on the toy engine (--virtual-clock: rounds vs streaming)")
     b.add_argument("--budgets", default=None, help="prefetch budgets (default 8,10,12,16,20; --virtual-clock: 8,20)")
     b.add_argument("--chains", type=int, default=8)
-    b.add_argument("--mh-steps", type=int, default=100)
-    b.add_argument("--block-size", type=int, default=64)
-    b.add_argument("--out", default=None, help="JSON output (default bench/results/toy.json or virtual_clock.json)")
+    b.add_argument("--mh-steps", type=int, default=None, dest="mh_steps_given", help="MH steps per block (default 100; --host-time: 25)")
+    b.add_argument("--block-size", type=int, default=None, dest="block_size_given", help="block size (default 64; --host-time: 48)")
+    b.add_argument("--out", default=None, help="JSON output (default bench/results/toy.json, virtual_clock.json or host_time.json)")
+    b.add_argument(
+        "--host-time", action="store_true",
+        help="CPU time of the control plane per generated token on the toy engine: serial, rounds and streaming, "
+        "early rejection off and on, at --chain-counts chains (configs/toy.yaml's sampler; bench/results/host_time.json)",
+    )
+    b.add_argument("--chain-counts", default="1,4,16", help="--host-time: chain counts (default 1,4,16; up to 256)")
+    b.add_argument("--profile", action="store_true", help="--host-time: also each setting's time by part (cProfile)")
     b.add_argument(
         "--virtual-clock", action="store_true",
         help="serial vs rounds vs streaming in decode steps on the toy's continuous-batching clock: one chain per "
