@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from actors.batching import BatchingPolicy, fair_take, request_group
 from actors.chain_book import ChainBook
-from actors.coordinator_commands import Command, SendCall, Settle
+from actors.coordinator_commands import Command, SendCall, Settle, replicas_lost
 from actors.coordinator_stats import CoordinatorCounters
 from actors.replica_table import QueuedRequest, ReplicaTable
 from presto_ray.engines.base import CallAccounting, Completion, ProposalRequest
@@ -115,7 +115,7 @@ class CallBook:
             item.attempts += 1
         for item in call.items + stranded:
             if item.attempts >= self.max_attempts:
-                error = RuntimeError(f"request failed on {item.attempts} dying replicas")
+                error = RuntimeError(replicas_lost(item.attempts))
                 commands.append(self._settle(item.request, error=error))
             else:
                 self.counters.resent_requests += 1

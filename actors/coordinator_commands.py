@@ -12,6 +12,14 @@ from dataclasses import dataclass
 from typing import Union
 
 from actors.stream_protocol import ReplicaStart, StreamId
+
+# How a request that gave up after `ray.max_call_attempts` dying replicas fails its chains (both
+# books say it); the stage (actors/stage_base.py) ends the job in one line when it sees it.
+REPLICAS_LOST = "dying replicas"
+
+
+def replicas_lost(attempts: int) -> str:
+    return f"request failed on {attempts} {REPLICAS_LOST}"
 from presto_ray.early_rejection import RejectionBound
 from presto_ray.engines.base import Completion, ProposalRequest
 

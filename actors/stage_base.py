@@ -30,6 +30,7 @@ import pyarrow as pa
 from ray.exceptions import GetTimeoutError, RayActorError, UserCodeException
 
 from actors.chain_driver import drive_chain, generate
+from actors.coordinator_commands import REPLICAS_LOST
 from actors.coordinator_shards import CoordinatorShards
 from actors.stream_protocol import StreamLost
 from presto_ray.chain import Chain
@@ -133,7 +134,15 @@ class SamplingStage(ABC):
         for attempt in range(1, MAX_CHAIN_ATTEMPTS + 1):
             try:
                 return await drive_chain(coordinator, chain_id, make_chain())
-            except (RayActorError, StreamLost) as e:
+            except Exception as e:
+                if REPLICAS_LOST in str(e) and not isinstance(e, (RayActorError, StreamLost)):
+                    raise JobFailed(
+                        f"chain {chain_id[0]}#{chain_id[1]}: a request gave up after {self.config.ray.max_call_attempts} lost "
+                        "engine replica(s) (ray.max_call_attempts; their nodes or processes died); finished samples are "
+                        "written, rerun to resume"
+                    ) from e
+                if not isinstance(e, (RayActorError, StreamLost)):
+                    raise
                 if attempt == MAX_CHAIN_ATTEMPTS:
                     raise JobFailed(
                         f"chain {chain_id[0]}#{chain_id[1]} failed {MAX_CHAIN_ATTEMPTS} times as the coordinator died; "

@@ -20,7 +20,16 @@ from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
 from actors.batching import fair_competitors, request_group
-from actors.coordinator_commands import AbortStreams, BoundStreams, Command, PollReplica, StartStreams, WakeChains, WakeStreams
+from actors.coordinator_commands import (
+    AbortStreams,
+    BoundStreams,
+    Command,
+    PollReplica,
+    StartStreams,
+    WakeChains,
+    WakeStreams,
+    replicas_lost,
+)
 from actors.coordinator_stats import CoordinatorCounters
 from actors.replica_table import ReplicaTable
 from actors.stream_protocol import ChainActions, ChainEvent, ChainUpdate, ReplicaEvent, ReplicaEvents, ReplicaStart, StreamId, StreamLost
@@ -164,7 +173,7 @@ class StreamBook:
             stream.attempts += 1
             stream.sent = False
             if stream.attempts >= self.max_attempts:
-                error = f"request failed on {stream.attempts} dying replicas"
+                error = replicas_lost(stream.attempts)
                 woken.update(self._deliver(stream, ReplicaEvent(stream.stream_id, 0, error=error)))
                 continue
             self.counters.resent_requests += 1
