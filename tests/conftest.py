@@ -67,24 +67,45 @@ def serve_base_url(ray_address):
     serve.shutdown()
 
 
-@pytest.fixture(scope="module")
+_MULTINODE: dict = {}  # the session's multi-node cluster while it runs, and what its shutdown left
+
+
+@pytest.fixture(scope="session")
 def multinode_cluster():
-    """A Ray cluster of several raylets on this machine (tests/multinode.py) for one test module:
-    a head, and the worker nodes each test adds by role and loses. Its own GCS, apart from the
-    session's `ray_address` (this process never joins it: jobs and the service run in driver
-    processes). Stopped at the end of the module, every process it started checked gone."""
+    """A Ray cluster of several raylets on this machine (tests/multinode.py), shared by every
+    multi-node test module: a head, and the worker nodes each test adds by role and loses. Its own
+    GCS, apart from the session's `ray_address` (this process never joins it: jobs and the service
+    run in driver processes). Stopped as soon as the last test that uses it is over (see
+    pytest_runtest_teardown), every process it started checked gone."""
     if importlib.util.find_spec("ray") is None:
         if os.environ.get("CI"):
             pytest.fail("Ray is not installed: CI must run the Ray tests (make test installs ray[serve])")
         pytest.skip("Ray is not installed (make test installs ray[serve])")
     from multinode import LocalCluster
 
-    cluster = LocalCluster()
+    _MULTINODE["cluster"] = LocalCluster()
     try:
-        yield cluster
+        yield _MULTINODE["cluster"]
     finally:
-        left = cluster.shutdown()
+        _stop_multinode()
+    left = _MULTINODE.pop("left", set())
     assert not left, f"processes of the multi-node cluster still running after its shutdown: {sorted(left)}"
+
+
+def _stop_multinode() -> None:
+    cluster = _MULTINODE.pop("cluster", None)
+    if cluster is not None:
+        _MULTINODE["left"] = cluster.shutdown()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    """Once the last test using the multi-node cluster is torn down (its modules' fixtures too),
+    stop the cluster, not at the session's end: its raylets would idle through the rest of the suite."""
+    yield
+    uses = "multinode_cluster" in getattr(item, "fixturenames", ())
+    if uses and (nextitem is None or "multinode_cluster" not in getattr(nextitem, "fixturenames", ())):
+        _stop_multinode()
 
 
 # --- tiers: `make test-fast` runs -m "not vllm and not ray" --------------------------------------

@@ -121,6 +121,11 @@ class LocalCluster:
         self.cluster.remove_node(node, allow_graceful=False)  # waits for (reaps) its own processes
         return killed_at
 
+    def remove(self, node: Any) -> None:
+        """Take a node out politely (drained and unregistered), as a scale-down would."""
+        self.processes()  # its workers, to check they exit too
+        self.cluster.remove_node(node, allow_graceful=True)
+
     def alive_nodes(self) -> set[str]:
         return {n["NodeID"] for n in self.cluster.global_state.node_table() if n["Alive"]}
 

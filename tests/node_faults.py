@@ -186,10 +186,13 @@ def wait_until_gone(cluster: LocalCluster, timeout_s: float = 60.0) -> None:
         raise AssertionError(f"{e}: alive {cluster.actor_classes()}") from None
 
 
-def ensure_nodes(cluster: LocalCluster, wanted: dict[str, int]) -> None:
-    """Add nodes until each role has `wanted[role]` live nodes (tests restore the topology)."""
+def ensure_nodes(cluster: LocalCluster, wanted: dict[str, int], exact: bool = False) -> None:
+    """Add nodes until each role has `wanted[role]` live nodes (tests restore the topology);
+    `exact`: remove (gracefully) the nodes of those roles beyond that."""
     alive = cluster.alive_nodes()
     for role, count in wanted.items():
-        have = sum(1 for node_id, r in cluster.roles.items() if r == role and node_id in alive)
-        for _ in range(count - have):
+        have = [node_id for node_id, r in cluster.roles.items() if r == role and node_id in alive]
+        for _ in range(count - len(have)):
             cluster.add_node(role)
+        for node_id in have[count:] if exact else ():
+            cluster.remove(cluster.node(node_id))

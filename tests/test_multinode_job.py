@@ -57,12 +57,13 @@ def test_a_job_out_of_replica_failover_stops_in_one_line_and_its_rerun_resumes(n
     """With failover switched off (`max_call_attempts: 1`) the engine node's loss ends the job: one
     line naming the setting (was Ray Data's traceback of the coordinator's RuntimeError), exit 1;
     the rerun keeps what was committed and writes the rest, each pair once."""
-    items, config = _job(max_call_attempts=1)
+    items, config = _job(prompts=8, max_call_attempts=1)
+    config = with_engine(config, call_latency_s=0.4)  # the replicas mostly busy: the loss catches a call
     failed = run_job(nodes, tmp_path, items, config, lose=ENGINE)
     ours = [line for line in failed.output.splitlines() if line.startswith("presto-ray:")]
     assert failed.returncode == 1 and len(ours) == 1 and "Traceback" not in failed.output, failed.output
     assert "a request gave up after 1 lost engine replica(s) (ray.max_call_attempts" in ours[0], ours
     assert ours[0].endswith("rerun to resume"), ours
-    rerun = run_job(nodes, tmp_path, items, config)  # the same output folder
+    rerun = run_job(nodes, tmp_path, items, with_engine(config, call_latency_s=0.0))  # the same folder; latency is no setting of its samples
     assert rerun.returncode == 0 and f"resumed              {len(failed.rows)} finished pairs skipped" in rerun.output, rerun.output
     assert_same_samples(rerun.rows, reference(items, config))
