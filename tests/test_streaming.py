@@ -136,3 +136,37 @@ def test_requests_below_a_step_waiting_for_its_fork_point_start_now():
     assert inside and inside <= started, (cuts, sorted(k[0] for k in started))
     # the pending step itself has no request yet: its prefix does not exist
     assert not any(key[0] == 1 for key in started)
+
+
+def test_the_driver_collects_less_while_it_runs_and_restores_the_collector():
+    """run_streaming raises the cyclic collector's thresholds for its loop (host time: full passes
+    over every chain's kept plan nodes) and puts back what it found, also when the loop fails."""
+    import gc
+
+    from presto_ray.streaming import COLLECTION_THRESHOLDS, collecting_less
+
+    before = gc.get_threshold()
+    seen = []
+
+    class OneIdleStep:  # busy for one advance, which records the thresholds the loop runs with
+        free_batch = float("inf")
+        calls = 0
+
+        @property
+        def busy(self):
+            return self.calls == 0
+
+        def advance(self):
+            self.calls += 1
+            seen.append(gc.get_threshold())
+            return []
+
+    chain = Chain([3], SamplerConfig(block_size=4, mh_steps=0, schedule="streaming"), 0)
+    chain.done = True  # nothing to start: the loop runs once and ends
+    run_streaming(OneIdleStep(), [chain])
+    assert len(seen) == 1 and all(now >= wanted for now, wanted in zip(seen[0], COLLECTION_THRESHOLDS))
+    assert gc.get_threshold() == before
+    with pytest.raises(RuntimeError):
+        with collecting_less():
+            raise RuntimeError("the loop failed")
+    assert gc.get_threshold() == before
