@@ -100,11 +100,14 @@ def _stop_multinode() -> None:
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_teardown(item, nextitem):
-    """Once the last test using the multi-node cluster is torn down (its modules' fixtures too),
-    stop the cluster, not at the session's end: its raylets would idle through the rest of the suite."""
+    """Once the last test of the session using the multi-node cluster is torn down (its modules'
+    fixtures too), stop the cluster, not at the session's end: its raylets would idle through the
+    rest of the suite. (pytest keeps the session fixture's value: no later test may ask for it.)"""
     yield
-    uses = "multinode_cluster" in getattr(item, "fixturenames", ())
-    if uses and (nextitem is None or "multinode_cluster" not in getattr(nextitem, "fixturenames", ())):
+    if "multinode_cluster" not in getattr(item, "fixturenames", ()) or "cluster" not in _MULTINODE:
+        return
+    later = item.session.items[item.session.items.index(item) + 1:]
+    if not any("multinode_cluster" in getattr(other, "fixturenames", ()) for other in later):
         _stop_multinode()
 
 
