@@ -32,6 +32,8 @@ ENGINE, CHAINS, COORDINATOR, INGRESS = "presto_engine", "presto_chains", "presto
 
 # every node's object store (Ray's floor is 75 MiB); the toy's objects are small
 OBJECT_STORE_BYTES = 80 * 1024 * 1024
+# how long a new node may take to register (cluster_utils' own 30 s was too short once, at load 12)
+NODE_START_TIMEOUT_S = 120.0
 # a lost node is declared dead after about `period x threshold` of failed health checks
 FAST_FAILURE_DETECTION = {
     "health_check_initial_delay_ms": 0,
@@ -83,10 +85,11 @@ class LocalCluster:
                 self.cluster = Cluster(
                     initialize_head=True,
                     head_node_args=dict(
-                        num_cpus=2, include_dashboard=False, object_store_memory=OBJECT_STORE_BYTES,
+                        wait=False, num_cpus=2, include_dashboard=False, object_store_memory=OBJECT_STORE_BYTES,
                         _system_config=FAST_FAILURE_DETECTION,
                     ),
                 )  # fmt: skip
+                self.cluster._wait_for_node(self.cluster.head_node, timeout=NODE_START_TIMEOUT_S)
         finally:
             ray_utils.write_ray_address = write_address
         self.head = self.cluster.head_node
@@ -101,7 +104,10 @@ class LocalCluster:
         """A worker node offering `units` of `role`'s resource; its `ray._private.node.Node` once
         the GCS lists it."""
         with _node_environment():
-            node = self.cluster.add_node(num_cpus=0, resources={role: units}, object_store_memory=OBJECT_STORE_BYTES)
+            node = self.cluster.add_node(
+                wait=False, num_cpus=0, resources={role: units}, object_store_memory=OBJECT_STORE_BYTES
+            )
+            self.cluster._wait_for_node(node, timeout=NODE_START_TIMEOUT_S)
         self.roles[node.node_id] = role
         self._remember(node)
         return node
