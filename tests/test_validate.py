@@ -298,7 +298,6 @@ def test_validate_on_ray_draws_the_in_process_samples(ray_address):
     assert on_ray.samples == local.samples
     assert local.audit is not None and on_ray.audit is not None  # the audit runs where the chains walk: the driver
     assert local.audit["disagreements"] > 0 and on_ray.audit["disagreements"] > 0 and on_ray.audit["complete"]
-    assert on_ray.audit["full_transitions"] == local.audit["full_transitions"]
     assert [c.token_ids for c in generated] == [c.token_ids for c in toy.generate(requests)]
 
 
