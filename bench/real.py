@@ -9,10 +9,18 @@ default) every run goes twice on each prompt, off then on, so each schedule's ro
 side on the same samples; `speedup_vs_serial_off` compares every row with serial without early
 rejection, the common baseline. Every row also reports the peak of vLLM's own KV-cache gauge
 (`KVCachePeak`).
+
+Any engine (`engine`, e.g. one a job config's `engine:` section built: `presto-ray bench-real
+--config`): its prefix cache, where it has one as the transformers engine does, is emptied before
+every timed run, so no run reads KV another run left. The report records the machine's load
+average at the start and the end, each run's wall clock, process CPU time and the load before it
+(`runs`, in the order they ran), and whether every run gave serial's samples (`samples_check`).
 """
 
 from __future__ import annotations
 
+import os
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -26,6 +34,7 @@ from presto_ray import __version__
 from presto_ray.config import SamplerConfig
 from presto_ray.driver import sample_many
 from presto_ray.engines.base import CallAccounting, Engine
+from presto_ray.engines.specs import AnyEngineConfig
 from presto_ray.engines.vllm import VLLMEngine, VLLMEngineConfig
 from presto_ray.job import encode_prompt
 from presto_ray.output import write_json_atomic
@@ -57,8 +66,9 @@ COLUMNS: Columns = [
 
 Run = tuple[str, str, int, str]  # (sampler, traversal, prefetch budget, schedule)
 SERIAL: Run = ("power_mh", "serial", 1, "rounds")
-# One prompt's run: its result, what the engine spent, wall-clock seconds, the peak KV-cache share (or None)
-Measured = tuple[SampleResult, CallAccounting, float, float | None]
+# One prompt's run: its result, what the engine spent, wall-clock seconds, the peak KV-cache share
+# (or None), this process's CPU seconds (all its threads; not vLLM's engine-core process)
+Measured = tuple[SampleResult, CallAccounting, float, float | None, float]
 EarlyRejection = Literal["both", "on", "off"]
 EARLY_REJECTION: dict[str, tuple[bool, ...]] = {"both": (False, True), "on": (True,), "off": (False,)}
 
@@ -147,23 +157,33 @@ def run_real_bench(
     early_rejection: EarlyRejection = "both",
     num_prompts: int | None = None,
     engine: Engine | None = None,
+    engine_spec: AnyEngineConfig | None = None,
+    sampler_config: SamplerConfig | None = None,
 ) -> dict:
     """Each run is (sampler, traversal, budget, schedule); by default `default_runs(budgets)`. Every
     run goes with early rejection off and on (`early_rejection` "both"), or one of them. `engine`:
-    an engine to use instead of starting vLLM (left running; tests pass the toy); `num_prompts`:
-    only the first N prompts."""
+    an engine to use instead of starting vLLM (left running; tests pass the toy), `engine_spec` the
+    job config section that built it (recorded, with its kind); `sampler_config`: the settings every run
+    shares (alpha and the rest: a job config's; default SamplerConfig's), with `block_size`,
+    `mh_steps` and one block; `num_prompts`: only the first N prompts."""
     if early_rejection not in EARLY_REJECTION:
         raise ValueError(f"early_rejection: expected one of {', '.join(EARLY_REJECTION)}, got {early_rejection!r}")
+    load_at_start = os.getloadavg()
+    bench_started = time.perf_counter()
     items = read_prompts(prompts_path)[:num_prompts]
     runs = list(runs or default_runs(budgets))
     settings = EARLY_REJECTION[early_rejection]
     owned = engine is None
     engine = engine if engine is not None else VLLMEngine(engine_config)
     kv = KVCachePeak()
+    clear_prefix_cache = getattr(getattr(engine, "prefix_cache", None), "clear", None)  # the transformers engine's
     try:
         prompts = [encode_prompt(engine.tokenizer, item) for item in items]
-        base = SamplerConfig(block_size=block_size, mh_steps=mh_steps, num_blocks=1)
+        shared = {"block_size": block_size, "mh_steps": mh_steps, "num_blocks": 1}
+        base = sampler_config.model_copy(update=shared) if sampler_config is not None else SamplerConfig(**shared)
+        base = SamplerConfig.model_validate(base.model_dump())  # model_copy does not validate
         per_run: dict[tuple[Run, bool], list[Measured]] = {(run, on): [] for run in runs for on in settings}
+        timeline: list[dict] = []
         if prompts:  # untimed: the engine's first steps are slow, and the first timed run is the baseline
             sample_many(engine, [prompts[0]], [base.model_copy(update={"block_size": 8, "mh_steps": 1, "seed": seed + 10_000})])
         for p, item in enumerate(items):
@@ -176,16 +196,25 @@ def run_real_bench(
                     }  # fmt: skip
                     if sampler == "multi_try":
                         update["num_tries"] = NUM_TRIES
+                    if clear_prefix_cache is not None:
+                        clear_prefix_cache()
                     kv.reset()
-                    started = time.perf_counter()
+                    load_before = os.getloadavg()[0]
+                    started, cpu_started = time.perf_counter(), time.process_time()
                     results, accounting = sample_many(engine, [prompts[p]], [base.model_copy(update=update)])
-                    wall = time.perf_counter() - started
-                    per_run[(run, on)].append((results[0], accounting, wall, kv.peak))
+                    wall, cpu = time.perf_counter() - started, time.process_time() - cpu_started
+                    per_run[(run, on)].append((results[0], accounting, wall, kv.peak, cpu))
+                    timeline.append({
+                        "prompt": item.id, "sampler": sampler, "traversal": traversal, "schedule": schedule,
+                        "budget": budget, "early_rejection": on, "wall_time_s": round(wall, 3),
+                        "cpu_time_s": round(cpu, 3), "load_1min_before": round(load_before, 2),
+                    })  # fmt: skip
                     if progress:
                         stats = results[0].stats
                         progress(
                             f"{item.id} {sampler} {traversal} {schedule} N_pf={budget} early_rejection={on}: "
-                            f"{stats.requests} requests, {stats.early_stopped_requests} stopped, {wall:.1f} s"
+                            f"{stats.requests} requests, {stats.early_stopped_requests} stopped, {wall:.1f} s "
+                            f"(CPU {cpu:.1f} s, load {load_before:.1f})"
                         )
         rows = []
         for run, on in per_run:
@@ -198,7 +227,12 @@ def run_real_bench(
             "timestamp": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "config": {
                 "presto_ray_version": __version__,
-                "engine": engine.config.model_dump() if hasattr(engine, "config") else type(engine).__name__,
+                "engine_kind": _engine_kind(engine, engine_spec),
+                "engine": (
+                    engine_spec.model_dump(mode="json") if engine_spec is not None
+                    else engine.config.model_dump() if hasattr(engine, "config") else type(engine).__name__
+                ),
+                "engine_runtime": _engine_runtime(engine),
                 "model_dir": getattr(engine, "model_dir", getattr(engine, "model_name", type(engine).__name__)),
                 "engine_startup_s": round(getattr(engine, "startup_time_s", 0.0), 1),
                 "prompts": [item.id for item in items],
@@ -208,11 +242,21 @@ def run_real_bench(
                 "multi_try_num_tries": NUM_TRIES,
                 "early_rejection": early_rejection,
                 "seeds": "seed + prompt index",
+                "seed": seed,
                 "wall_time": "measured around each sample, engine start and one untimed warm-up sample excluded",
                 "kv_cache_gauge": KV_GAUGES[0] if kv.available else None,
                 "kv_cache_blocks": _kv_cache_blocks(engine),
+                "prefix_cache": "emptied before every timed run" if clear_prefix_cache is not None else None,
             },
+            "machine": {
+                "cpu_count": os.cpu_count(),
+                "load_average_start": [round(x, 2) for x in load_at_start],  # 1, 5, 15 minutes (os.getloadavg)
+                "load_average_end": [round(x, 2) for x in os.getloadavg()],
+                "bench_wall_time_s": round(time.perf_counter() - bench_started, 1),  # engine start (if owned) included
+            },
+            "samples_check": samples_check(rows),
             "rows": rows,
+            "runs": timeline,
         }
     finally:
         kv.close()
@@ -223,6 +267,59 @@ def run_real_bench(
     if out_png:
         plot(report, out_png)
     return report
+
+
+def _engine_kind(engine: Any, spec: AnyEngineConfig | None) -> str:
+    """The engine's `kind` as a job config names it (toy, vllm, transformers); else its class."""
+    if spec is not None:
+        return spec.kind
+    return str(getattr(getattr(engine, "config", None), "kind", None) or type(engine).__name__)
+
+
+def _engine_runtime(engine: Any) -> dict:
+    """What the engine resolved at start-up that its config may leave open: the torch device, dtype,
+    batch invariance and torch's CPU threads (where torch is loaded: the transformers and vLLM
+    engines; vLLM's own workers may set theirs)."""
+    loaded = getattr(engine, "loaded", None)
+    facts: dict[str, Any] = {
+        "device": str(getattr(engine, "device", None) or "") or None,
+        "dtype": str(getattr(loaded, "dtype", None) or "") or None,
+        "batch_invariant": getattr(engine, "batch_invariant", None),
+        "torch_threads": None,
+    }
+    torch = sys.modules.get("torch")  # never imported here: an engine without torch has no threads to report
+    if torch is not None:
+        facts["torch_threads"] = int(torch.get_num_threads())
+    return facts
+
+
+def samples_check(rows: Sequence[dict]) -> dict:
+    """Whether every row gave its baseline's samples (serial without early rejection where it ran),
+    token for token on every prompt: `all_same` True only if every row was compared and matched."""
+    differ = [_run_name(r) for r in rows if r["same_as_serial"] is not True]
+    return {
+        "all_same": not differ,
+        "rows_compared": sum(r["same_as_serial"] is not None for r in rows),
+        "rows_differing": differ,
+        "compared_with": "serial without early rejection (serial with it where off did not run), token for token",
+    }
+
+
+def format_samples_check(report: dict) -> str:
+    """One line: do all runs give serial's samples?"""
+    check = report.get("samples_check") or samples_check(report["rows"])
+    prompts = len(report["config"]["prompts"])
+    if check["all_same"]:
+        return (
+            f"samples: every run gave serial's samples token for token ({check['rows_compared']} runs x "
+            f"{prompts} prompt(s), {report['config']['engine_kind']} engine)"
+        )
+    return f"samples: DIFFER from serial's in {', '.join(check['rows_differing'])}"
+
+
+def _run_name(row: dict) -> str:
+    name = "serial" if row["traversal"] == "serial" else f"{row['schedule']} {row['budget']}"
+    return f"{row['sampler']} {name} early rejection {'on' if row['early_rejection'] else 'off'}"
 
 
 def _kv_cache_blocks(engine: Any) -> int | None:
@@ -262,6 +359,7 @@ def _row(
         return all(x[0].token_ids == y[0].token_ids for x, y in zip(a, b))
 
     wall = wall_of(runs)
+    cpu = sum(entry[4] for entry in runs)
     transitions = stat(runs, "transitions")
     peaks = [entry[3] for entry in runs if entry[3] is not None]
     return {
@@ -272,6 +370,8 @@ def _row(
         "early_rejection": on,
         "wall_time_s": wall,
         "wall_time_s_per_sample": [entry[2] for entry in runs],  # in prompt order
+        "cpu_time_s": cpu,  # this process's CPU seconds, all its threads (vLLM: its engine core's not included)
+        "cpu_time_s_per_sample": [entry[4] for entry in runs],
         "speedup_vs_serial": wall_of(serial) / wall if serial else None,  # serial with the same setting
         "speedup_vs_serial_off": wall_of(baseline) / wall if baseline and baseline_is_off else None,
         "requests_per_sample": stat(runs, "requests") / n,
@@ -323,8 +423,18 @@ def plot(report: dict, path: str | Path) -> None:
     for ax in axes:
         ax.legend()
         ax.grid(alpha=0.3)
-    fig.suptitle(f"presto-ray on vLLM (CPU), {Path(report['config']['model_dir']).name}")
+    fig.suptitle(f"presto-ray on {_engine_label(report['config'])}, {Path(report['config']['model_dir']).name}")
     save_figure(fig, path)
+
+
+def _engine_label(config: dict, note: str = "") -> str:
+    """ "vLLM (CPU)" (the default engine, and reports from before engine_kind), else the engine's kind
+    and device; `note` joins the parenthesis."""
+    kind = config.get("engine_kind", "vllm")
+    device = "CPU" if kind == "vllm" else (config.get("engine_runtime") or {}).get("device")
+    inside = ", ".join(part for part in (device, note) if part)
+    name = "vLLM" if kind == "vllm" else f"the {kind} engine"
+    return f"{name} ({inside})" if inside else name
 
 
 def _label(row: dict) -> str:
@@ -343,6 +453,8 @@ def _plot_on_off(report: dict, path: str | Path, plt: Any) -> None:
         ("tokens_vs_serial_off", "tokens generated / serial off", "Tokens (stopped, aborted included)"),
         ("peak_kv_cache_usage", "peak share of the KV pool", "Peak KV-cache usage (vLLM gauge)"),
     ]
+    if all(r["peak_kv_cache_usage"] is None for r in rows):  # an engine without vLLM's gauge
+        panels = panels[:2]
     fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 4))
     width = 0.38
     for ax, (key, ylabel, title) in zip(axes, panels):
@@ -360,7 +472,7 @@ def _plot_on_off(report: dict, path: str | Path, plt: Any) -> None:
     config = report["config"]
     block = config["sampler"].get("block_size")
     steps = config["sampler"].get("mh_steps")
-    fig.suptitle(f"Exact early rejection on vLLM (CPU, wall clock), {Path(str(config['model_dir'])).name}, T = {block}, K = {steps}")
+    fig.suptitle(f"Exact early rejection on {_engine_label(config, 'wall clock')}, {Path(str(config['model_dir'])).name}, T = {block}, K = {steps}")
     save_figure(fig, path)
 
 

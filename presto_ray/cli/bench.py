@@ -115,6 +115,10 @@ def _bench_virtual_clock(args: argparse.Namespace) -> int:
     return OK
 
 
+BENCH_REAL_OUT = "bench/results/vllm_cpu_streaming.json"
+BENCH_REAL_PNG = "bench/results/vllm_cpu_streaming.png"
+
+
 def cmd_bench_real(args: argparse.Namespace) -> int:
     try:
         budgets = _budgets(args.budgets)
@@ -122,16 +126,23 @@ def cmd_bench_real(args: argparse.Namespace) -> int:
         return fail(str(e))
     if args.n is not None and args.n < 1:
         return fail(f"--n: expected at least 1 prompt, got {args.n}")
-    from bench.real import VARIANT_RUNS, format_report, run_real_bench
+    for flag, value in (("--mh-steps", args.mh_steps), ("--block-size", args.block_size)):
+        if value is not None and value < (0 if flag == "--mh-steps" else 1):
+            return fail(f"{flag}: expected {'0 or more' if flag == '--mh-steps' else 'at least 1'}, got {value}")
+    if args.config is not None:
+        return _bench_real_from_config(args, budgets)
+    from bench.real import VARIANT_RUNS, format_report, format_samples_check, run_real_bench
     from presto_ray.engines.specs import VLLMEngineConfig
 
+    args.out = args.out or BENCH_REAL_OUT
+    args.png = args.png or BENCH_REAL_PNG
     report = run_real_bench(
         args.prompts,
-        engine_config=VLLMEngineConfig(logp0_from=args.logp0_from),
+        engine_config=VLLMEngineConfig(logp0_from=args.logp0_from or "sampler"),
         budgets=budgets,
         runs=VARIANT_RUNS if args.variants else None,
-        mh_steps=args.mh_steps,
-        block_size=args.block_size,
+        mh_steps=20 if args.mh_steps is None else args.mh_steps,
+        block_size=48 if args.block_size is None else args.block_size,
         out_json=args.out,
         out_png=args.png,
         progress=progress,
@@ -139,7 +150,74 @@ def cmd_bench_real(args: argparse.Namespace) -> int:
         num_prompts=args.n,
     )
     print(format_report(report))
+    print(format_samples_check(report))
     print(f"wrote {args.out}" + (f" and {args.png}" if Path(args.png).exists() else ""))
+    return OK
+
+
+def _bench_real_from_config(args: argparse.Namespace, budgets: tuple[int, ...]) -> int:
+    """bench-real on the engine a job config's `engine:` section builds (as `presto-ray sample`
+    does), with its sampler's settings; exit 1 where a run's samples differ from serial's."""
+    import sys
+
+    from presto_ray.cli.common import load_job_config, watch_engine_processes
+    from presto_ray.cli.sample import quiet_engine_logs
+    from presto_ray.engines import build_engine
+    from presto_ray.prompts import PromptFileError, read_prompts
+
+    if args.logp0_from is not None:
+        return fail("--logp0-from is the default vLLM engine's; with --config set engine.logp0_from in the config")
+    try:
+        config = load_job_config(args)
+        if not read_prompts(args.prompts)[: args.n]:
+            raise BadInput(f"--prompts {args.prompts}: no prompts")
+    except (BadInput, PromptFileError) as e:
+        return fail(str(e))
+    from bench.real import VARIANT_RUNS, format_report, format_samples_check, run_real_bench
+
+    out = args.out or f"bench/results/{Path(args.config).stem}_bench_real.json"
+    png = args.png or str(Path(out).with_suffix(".png"))
+    if not args.verbose:
+        quiet_engine_logs()
+    watch_engine_processes(config)
+    try:
+        engine = build_engine(config.engine)
+    except (RuntimeError, ValueError, OSError, ImportError) as e:  # ModelProvisionError is a RuntimeError
+        reason = " ".join(str(e).split()) or type(e).__name__  # one line: transformers' errors span several
+        return fail(f"--config {args.config}: cannot build its {config.engine.kind} engine: {reason}")
+    try:
+        report = run_real_bench(
+            args.prompts,
+            engine=engine,
+            engine_spec=config.engine,
+            sampler_config=config.sampler,
+            seed=config.sampler.seed,
+            budgets=budgets,
+            runs=VARIANT_RUNS if args.variants else None,
+            mh_steps=config.sampler.mh_steps if args.mh_steps is None else args.mh_steps,
+            block_size=config.sampler.block_size if args.block_size is None else args.block_size,
+            out_json=out,
+            out_png=png,
+            progress=progress,
+            early_rejection=args.early_rejection,
+            num_prompts=args.n,
+        )
+    except ValueError as e:  # e.g. a prompt longer than the engine's context
+        return fail(str(e))
+    finally:
+        engine.shutdown()
+    print(format_report(report))
+    print(format_samples_check(report))
+    machine = report["machine"]
+    print(
+        f"bench wall clock {machine['bench_wall_time_s']:.1f} s (engine start {report['config']['engine_startup_s']:.1f} s "
+        f"before it), load average {machine['load_average_start'][0]:.2f} at the start, "
+        f"{machine['load_average_end'][0]:.2f} at the end ({machine['cpu_count']} CPUs)"
+    )
+    print(f"wrote {out}" + (f" and {png}" if Path(png).exists() else ""))
+    if not report["samples_check"]["all_same"]:
+        print("presto-ray: error: a run's samples differ from serial's", file=sys.stderr)
+        return FAILED
     return OK
 
 
@@ -238,13 +316,25 @@ def add_bench(sub: Subparsers) -> None:
 
 
 def add_bench_real(sub: Subparsers) -> None:
-    r = sub.add_parser("bench-real", help="serial vs rounds vs streaming on vLLM with the real model (wall clock)")
+    r = sub.add_parser(
+        "bench-real", help="serial vs rounds vs streaming on vLLM with the real model, or --config's engine (wall clock)"
+    )
+    r.add_argument(
+        "--config", default=None,
+        help="a job config (e.g. configs/transformers.yaml): its engine section builds the engine, as for "
+        "`presto-ray sample`, and its sampler gives alpha and the rest (default: vLLM on the CPU, alpha 4); "
+        "exit 1 if a run's samples differ from serial's",
+    )  # fmt: skip
     r.add_argument("--prompts", default=str(EXAMPLES))
     r.add_argument("--budgets", default="4,8,16")
-    r.add_argument("--mh-steps", type=int, default=20)
-    r.add_argument("--block-size", type=int, default=48)
-    r.add_argument("--out", default="bench/results/vllm_cpu_streaming.json")
-    r.add_argument("--png", default="bench/results/vllm_cpu_streaming.png")
+    r.add_argument("--mh-steps", type=int, default=None, help="K (default 20; with --config, the config's)")
+    r.add_argument("--block-size", type=int, default=None, help="T (default 48; with --config, the config's)")
+    r.add_argument(
+        "--out", default=None,
+        help=f"JSON report (default {BENCH_REAL_OUT}; with --config, bench/results/<config name>_bench_real.json)",
+    )
+    r.add_argument("--png", default=None, help=f"plot (default {BENCH_REAL_PNG}; with --config, beside --out)")
+    r.add_argument("--verbose", action="store_true", help="--config: keep the engine's own log lines")
     r.add_argument("--variants", action="store_true", help="PowerMH, EntropyCut and MultiTryMH: serial vs prefetching")
     r.add_argument(
         "--early-rejection", choices=["both", "on", "off"], default="both",
@@ -253,8 +343,9 @@ def add_bench_real(sub: Subparsers) -> None:
     )
     r.add_argument("--n", type=int, default=None, help="only the first N prompts (default all)")
     r.add_argument(
-        "--logp0-from", choices=["sampler", "scoring_pass"], default="sampler",
-        help="log p0 from the generating pass (default) or a second scoring pass (the engine's logp0_from)",
+        "--logp0-from", choices=["sampler", "scoring_pass"], default=None,
+        help="log p0 from the generating pass (default) or a second scoring pass (the default vLLM engine's "
+        "logp0_from; not with --config)",
     )  # fmt: skip
     r.set_defaults(func=cmd_bench_real)
 
