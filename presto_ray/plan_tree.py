@@ -190,7 +190,7 @@ _UNDRESSED, _AS_EXPANDED, _AS_DEAD = 0, 1, 2
 class _CachedNode(PlanNode):
     """A plan node the cache keeps across trees, with what made it."""
 
-    __slots__ = ("event", "facts", "expansion", "branch_nodes", "stale", "read_root", "look", "root_of", "at_root")
+    __slots__ = ("event", "facts", "expansion", "branch_nodes", "stale", "read_root", "look", "root_of", "at_root", "walk", "parents")
 
     def __init__(self, event: Event, facts: _Facts) -> None:
         # PlanNode's fields at their defaults, set here: its generated __init__ costs a call per node
@@ -204,6 +204,8 @@ class _CachedNode(PlanNode):
         self.look = _UNDRESSED
         self.root_of: _Facts | None = None  # the root `at_root` was found for
         self.at_root = False  # its facts are that root's
+        self.walk = -1  # the walk whose `parents` count is valid
+        self.parents = 0  # branches of that walk's tree that lead to this node (0: not in it)
 
 
 _NO_KNOWLEDGE: dict = {}
@@ -215,12 +217,28 @@ MAX_STORED_PER_TREE_NODE = 8
 MIN_STORED_NODES = 4096
 
 
+def _bump(counts: dict, key: object, sign: int) -> None:
+    count = counts.get(key, 0) + sign
+    if count:
+        counts[key] = count
+    else:
+        del counts[key]
+
+
 class PlanCache:
     """The nodes of a chain's trees, by (event index, facts), kept while what they read stays:
     `version` (the predictor's fits), `depends_on` (compared by identity: the state, when cuts
     depend on more than its length), the deepest plannable event, and the knowledge of each
     node's own request (changed knowledge re-expands the nodes that read it). Nodes of events
-    the walk has passed are dropped as it moves."""
+    the walk has passed are dropped as it moves.
+
+    The last tree is kept as counts: how many of its branches lead to each node (a node is in it
+    while some do), its nodes per depth, and how many of its nodes need each key, are forks, are
+    in the root's state, wait for each fork point. A tree from the same root is that tree updated
+    where knowledge changed: a re-expanded node's new children are counted in (a node that enters
+    is expanded and dressed, and counts its own children in), its old ones out (a node no branch
+    leads to leaves, and counts its children out). The keyed-depth limit is global: an update
+    that would move it walks the whole tree again instead."""
 
     def __init__(self) -> None:
         self._version: tuple[int, object, int] | None = None
@@ -233,19 +251,38 @@ class PlanCache:
         self._stored = 0  # nodes created since the cache last started afresh
         self._root_tokens: tuple[object, TokenRun] = (None, TokenRun(()))  # the state's tokens, as a TokenRun
         self._last_tree_nodes = 0
+        self._newly_stale: list[_CachedNode] = []
+        # the last tree, as counts (see the class's docstring); `_walk` stamps the nodes' counts
+        self._walk = 0
+        self._walked: tuple[object, ...] | None = None  # (root, rules, max_keyed_depth, max_depth) of the last tree
+        self._last_depth = -1  # the deepest depth whose nodes are expanded; the next one's are dead
+        self._level_nodes: list[int] = []
+        self._level_keyed: list[int] = []
+        self._key_nodes: dict[RequestKey, int] = {}
+        self._fork_nodes: dict[RequestKey, int] = {}
+        self._root_state_nodes: dict[RequestKey, int] = {}
+        self._fork_needs: dict[RequestKey, dict[int, int]] = {}  # source -> token count -> nodes
+        self._free_nodes = 0
+        self._root_facts: _Facts | None = None
+        self._rules: PlanRules | None = None
+        self._last_event = 0
 
-    def _sync(self, event_index: int, version: tuple[int, object, int]) -> None:
+    def _sync(self, event_index: int, version: tuple[int, object, int]) -> bool:
+        """Drop what the new version or event index invalidates; True: started afresh."""
         old = self._version
         too_many = self._stored > max(MIN_STORED_NODES, MAX_STORED_PER_TREE_NODE * self._last_tree_nodes)
+        afresh = False
         if old is None or old[0] != version[0] or old[1] is not version[1] or old[2] != version[2] or too_many:
             self._version, self._nodes, self._readers, self._events, self._stored = version, {}, {}, {}, 0
             self._proposal, self._stopped = {}, frozenset()  # no node read them
+            self._walked, afresh = None, True
         elif event_index != self._event_index:
             for passed in [e for e in self._nodes if e < event_index]:
                 del self._nodes[passed]
             for key in [key for key in self._readers if key[0] < event_index]:
                 del self._readers[key]
         self._event_index = event_index
+        return afresh
 
     def _learn(self, proposal: ProposalKnowledge | None, stopped_early: StoppedEarly | None) -> None:
         """Mark stale the nodes whose request's knowledge changed since the last tree."""
@@ -255,9 +292,12 @@ class PlanCache:
         changed = [key for key, info in now.items() if before.get(key) != info]
         changed += [key for key in before if key not in now]
         changed += list(stopped ^ self._stopped)
+        newly_stale = self._newly_stale
         for key in changed:
             for node in self._readers.get(key, ()):
-                node.stale = True
+                if not node.stale:
+                    node.stale = True
+                    newly_stale.append(node)
         self._proposal, self._stopped = now, stopped
 
     def _node(self, event_index: int, facts: _Facts, schedule: Schedule) -> _CachedNode:
@@ -308,23 +348,52 @@ class PlanCache:
         schedule = rules.schedule
         max_depth = min(MAX_PLAN_DEPTH, schedule.num_events - event_index)
         last_event = event_index + max_depth - 1
-        self._sync(event_index, (version, depends_on, last_event))
+        afresh = self._sync(event_index, (version, depends_on, last_event))
         self._learn(proposal, stopped_early)
         if tokens is not self._root_tokens[0]:
             self._root_tokens = (tokens, TokenRun(tuple(tokens)))
         root = self._node(event_index, _Facts(self._root_tokens[1], len(tokens), True), schedule)
+        shape = (root, rules, max_keyed_depth, max_depth)
+        walked, self._walked = self._walked, shape
+        stale, self._newly_stale = self._newly_stale, []
+        self._rules, self._last_event = rules, last_event
+        if afresh or walked != shape or not self._update(stale, max_keyed_depth, max_depth):
+            self._walk_all(root, rules, last_event, max_keyed_depth, max_depth)
+        nodes = sum(self._level_nodes)
+        self._last_tree_nodes = nodes
+        fork_needs = self._fork_needs
+        return PlanTree(
+            root,
+            set(self._key_nodes),
+            {source: min(fork_needs[source]) for source in sorted(fork_needs)},
+            set(self._fork_nodes),
+            set(self._root_state_nodes),
+            1.0 if nodes > self._free_nodes else 0.0,
+        )
+
+    # --- the whole tree, level by level ----------------------------------------------------
+    def _walk_all(self, root: _CachedNode, rules: PlanRules, last_event: int, max_keyed_depth: int, max_depth: int) -> None:
+        self._walk += 1
+        walk = self._walk
         root_facts = root.facts
+        self._root_facts = root_facts
         root_known = root_facts.known
-        tree = PlanTree(root, set(), {}, set(), set())
-        keys, fork_points, forks, root_state_keys = tree.keys, tree.fork_points, tree.forks, tree.root_state_keys
+        key_nodes: dict[RequestKey, int] = {}
+        fork_nodes: dict[RequestKey, int] = {}
+        root_state_nodes: dict[RequestKey, int] = {}
+        fork_needs: dict[RequestKey, dict[int, int]] = {}
+        level_nodes = [0] * (max_depth + 2)
+        level_keyed = [0] * (max_depth + 2)
         requests_per_step = rules.requests_per_step
-        level: dict[_CachedNode, None] = {root: None}
+        root.walk, root.parents = walk, 1
+        level: list[_CachedNode] = [root]
         keyed_depths = 0
-        nodes, free_nodes = 1, 0
+        free_nodes = 0
         depth = 0
         while depth < max_depth and level and keyed_depths < max_keyed_depth:
-            following: dict[PlanNode, None] = {}
-            any_keyed = False
+            following: list[_CachedNode] = []
+            keyed = 0
+            level_nodes[depth] = len(level)
             for node in level:
                 node.depth = depth
                 facts = node.facts
@@ -349,26 +418,149 @@ class PlanCache:
                     free_nodes += 1
                 if expansion.pending:
                     source, needed = expansion.fork  # type: ignore[misc]
-                    fork_points[source] = min(needed, fork_points.get(source, needed))
+                    needs = fork_needs.get(source)
+                    if needs is None:
+                        needs = fork_needs[source] = {}
+                    needs[needed] = needs.get(needed, 0) + 1
                 if key is not None:
                     if expansion.is_fork:
-                        forks.add(key)
-                    keys.add(key)
+                        fork_nodes[key] = fork_nodes.get(key, 0) + 1
+                    key_nodes[key] = key_nodes.get(key, 0) + 1
                     if at_root:
-                        root_state_keys.add(key)
-                    any_keyed = True
+                        root_state_nodes[key] = root_state_nodes.get(key, 0) + 1
+                    keyed += 1
                 for child, _ in node.branch_nodes:
-                    following[child] = None
-            nodes += len(following)
-            keyed_depths += any_keyed
-            level = following  # type: ignore[assignment]
+                    if child.walk != walk:  # type: ignore[attr-defined]
+                        child.walk, child.parents = walk, 1  # type: ignore[attr-defined]
+                        following.append(child)  # type: ignore[arg-type]
+                    else:
+                        child.parents += 1  # type: ignore[attr-defined]
+            level_keyed[depth] = keyed
+            keyed_depths += keyed > 0
+            level = following
             depth += 1
+        self._last_depth = depth - 1
+        level_nodes[depth] = len(level)
         for node in level:  # past the keyed-depth limit: dead in this tree
             node.depth = depth
             _dress_dead(node)
-        tree.max_value = 1.0 if nodes > free_nodes else 0.0
-        self._last_tree_nodes = nodes
-        return tree
+        self._level_nodes, self._level_keyed = level_nodes, level_keyed
+        self._key_nodes, self._fork_nodes, self._root_state_nodes, self._fork_needs = key_nodes, fork_nodes, root_state_nodes, fork_needs
+        self._free_nodes = free_nodes
+
+    # --- the last tree, updated where knowledge changed -------------------------------------
+    def _update(self, stale: list[_CachedNode], max_keyed_depth: int, max_depth: int) -> bool:
+        """Bring the last tree's counts up to date with the stale nodes re-expanded; False when
+        the keyed-depth limit moved (the caller walks the whole tree)."""
+        walk = self._walk
+        last_depth = self._last_depth
+        in_tree = [node for node in stale if node.walk == walk and node.parents > 0 and node.depth <= last_depth]
+        if in_tree:
+            in_tree.sort(key=_depth_of)
+            for node in in_tree:
+                if node.stale and node.parents > 0:  # not left, nor re-entered, since
+                    self._reexpand(node)
+        # where the limit now falls: the walk processes a depth while fewer than max_keyed_depth
+        # depths above it have keys
+        level_nodes, level_keyed = self._level_nodes, self._level_keyed
+        keyed_depths, depth = 0, 0
+        while depth < max_depth and level_nodes[depth] and keyed_depths < max_keyed_depth:
+            keyed_depths += level_keyed[depth] > 0
+            depth += 1
+        return depth - 1 == last_depth
+
+    def _count(self, node: _CachedNode, sign: int) -> None:
+        """Count an expanded node of the tree in (+1) or out (-1)."""
+        expansion = node.expansion
+        assert expansion is not None
+        if expansion.free:
+            self._free_nodes += sign
+        if expansion.pending:
+            source, needed = expansion.fork  # type: ignore[misc]
+            needs = self._fork_needs.get(source)
+            if needs is None:
+                needs = self._fork_needs[source] = {}
+            _bump(needs, needed, sign)
+            if not needs:
+                del self._fork_needs[source]
+        key = expansion.key
+        if key is not None:
+            self._level_keyed[node.depth] += sign
+            _bump(self._key_nodes, key, sign)
+            if expansion.is_fork:
+                _bump(self._fork_nodes, key, sign)
+            if node.at_root:
+                _bump(self._root_state_nodes, key, sign)
+
+    def _dress(self, node: _CachedNode) -> None:
+        expansion = node.expansion
+        assert expansion is not None
+        if node.look != _AS_EXPANDED:
+            key = expansion.key
+            node.key, node.free, node.pending = key, expansion.free, expansion.pending
+            node.value = 0.0 if expansion.free else 1.0
+            node.cost = self._rules.requests_per_step if key is not None and not node.event.is_extension else 1  # type: ignore[union-attr]
+            node.children = node.branch_nodes
+            node.look = _AS_EXPANDED
+
+    def _reexpand(self, node: _CachedNode) -> None:
+        old = node.branch_nodes if node.expansion is not None else []
+        if node.expansion is not None:
+            self._count(node, -1)
+        self._expand(node, self._rules, self._last_event, node.at_root)  # type: ignore[arg-type]
+        if node.expansion is None:
+            _dress_dead(node)
+        else:
+            self._dress(node)
+            self._count(node, 1)
+            for child, _ in node.branch_nodes:
+                self._enter(child, node.depth + 1)  # type: ignore[arg-type]
+        for child, _ in old:
+            self._leave(child)  # type: ignore[arg-type]
+
+    def _enter(self, node: _CachedNode, depth: int) -> None:
+        """One more branch of the tree leads to `node`."""
+        if node.walk != self._walk:
+            node.walk, node.parents = self._walk, 0
+        node.parents += 1
+        if node.parents > 1:
+            return
+        node.depth = depth
+        self._level_nodes[depth] += 1
+        if depth > self._last_depth:
+            _dress_dead(node)
+            return
+        root_facts = self._root_facts
+        if node.root_of is not root_facts:
+            node.root_of = root_facts
+            facts = node.facts
+            node.at_root = facts is root_facts or (facts.whole_known and facts.known == root_facts.known)  # type: ignore[union-attr]
+        if node.stale or node.read_root is not node.at_root:
+            self._expand(node, self._rules, self._last_event, node.at_root)  # type: ignore[arg-type]
+        if node.expansion is None:
+            _dress_dead(node)
+            return
+        self._dress(node)
+        self._count(node, 1)
+        for child, _ in node.branch_nodes:
+            self._enter(child, depth + 1)  # type: ignore[arg-type]
+
+    def _leave(self, node: _CachedNode) -> None:
+        """One branch fewer of the tree leads to `node`."""
+        node.parents -= 1
+        if node.parents:
+            return
+        depth = node.depth
+        self._level_nodes[depth] -= 1
+        if depth > self._last_depth or node.expansion is None:
+            return
+        self._count(node, -1)
+        for child, _ in node.branch_nodes:
+            self._leave(child)  # type: ignore[arg-type]
+
+
+def _depth_of(node: _CachedNode) -> int:
+    return node.depth
 
 
 def _dress_dead(node: _CachedNode) -> None:
