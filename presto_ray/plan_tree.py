@@ -73,14 +73,27 @@ MAX_PLAN_DEPTH = 256
 
 
 class _Facts(NamedTuple):  # a tuple: hashed and compared in C, a tree hashes thousands per build
+    # the leading tokens the state certainly holds; with a source, those before its tokens (the
+    # source's tokens so far follow them: read from the knowledge, so a proposal that grows
+    # leaves the facts, and the nodes, below it as they are)
     known: tuple[int, ...]
     length: int
     whole_known: bool
-    source: RequestKey | None = None  # the unfinished proposal that `known` ends with
-    source_start: int = 0  # where that proposal's tokens begin in `known`
+    source: RequestKey | None = None  # the unfinished proposal whose tokens follow `known`
+    source_start: int = 0  # where that proposal's tokens begin (len(known) with a source)
     # below a pending step's accept edge: the source's tokens hold only up to that step's cut
     # (a new proposal follows); None: to the state's end
     source_end: int | None = None
+
+
+def _source_tokens(facts: _Facts, proposal: ProposalKnowledge) -> tuple[int, ...]:
+    """The tokens of `facts`' source that its state holds (after `facts.known`)."""
+    info = proposal.get(facts.source)  # type: ignore[arg-type]
+    if info is None:
+        return ()
+    generated = info[0]
+    end = facts.source_end
+    return generated if end is None else generated[: end - facts.source_start]
 
 
 @dataclass
@@ -141,14 +154,17 @@ class PlanRules:
                 branches = [(facts, 1.0)]
             else:
                 key = (event.index, facts.known)
-                branches = [(_accepted(facts, key, facts.length, event.horizon, proposal.get(key)), 1.0)]
+                branches = [(_accepted(facts.known, key, facts.length, event.horizon, proposal.get(key)), 1.0)]
         else:
             cut = self.cut_for(event.step, facts.length)
             if cut is None:
                 return None  # cannot be told now
             h_accept = self.accept_branch_probability(event.step, cut / event.horizon)
-            if cut > len(facts.known):  # deferred: its prefix holds tokens not generated yet
-                source = facts.source
+            source = facts.source
+            known_part = facts.known
+            if source is not None and cut > facts.source_start:
+                known_part = facts.known + _source_tokens(facts, proposal)
+            if cut > len(known_part):  # deferred: its prefix holds tokens not generated yet
                 if source is None or (facts.source_end is not None and cut > facts.source_end):
                     return None  # nobody is generating them
                 # a fork once the source has these tokens; until then the step is pending and
@@ -158,14 +174,14 @@ class PlanRules:
                 after_accept = _Facts(facts.known, facts.length, False, source, facts.source_start, source_end=cut)
                 branches = [(after_accept, h_accept), (facts, 1.0 - h_accept)]
             else:
-                key = (event.index, TokenRun(facts.known[:cut]))
-                is_fork = facts.source is not None and cut > facts.source_start
+                key = (event.index, TokenRun(known_part[:cut]))
+                is_fork = source is not None and cut > facts.source_start
                 if at_root and key in stopped_early:
                     branches = [(facts, 1.0)]  # rejection is certain: no accept branch
                 else:
                     # guess: an unfinished proposal ends where the state it replaces ended
                     info = proposal.get(key)
-                    branches = [(_accepted(facts, key, cut, facts.length, info), h_accept), (facts, 1.0 - h_accept)]
+                    branches = [(_accepted(key[1], key, cut, facts.length, info), h_accept), (facts, 1.0 - h_accept)]
         if last:
             branches = []
         elif event.ends_block and self.stop_at_eos:
@@ -173,15 +189,17 @@ class PlanRules:
         return _Expansion(key, free, pending, fork, is_fork, tuple(branches))
 
 
-def _accepted(facts: _Facts, key: RequestKey, cut: int, guessed_length: int, info: tuple[tuple[int, ...], bool] | None) -> _Facts:
-    """The state after `key`'s proposal replaced everything from `cut` on."""
-    generated, ended = info if info is not None else ((), False)
-    known = TokenRun(facts.known[:cut] + generated)
-    if ended:
-        return _Facts(known, len(known), True)
-    if info is None:
-        return _Facts(known, guessed_length, False)
-    return _Facts(known, guessed_length, False, source=key, source_start=cut)
+def _accepted(kept: tuple[int, ...], key: RequestKey, cut: int, guessed_length: int, info: tuple[tuple[int, ...], bool] | None) -> _Facts:
+    """The state after `key`'s proposal replaced everything from `cut` on (`kept`: the state's
+    first `cut` tokens). An unfinished proposal is the new state's source: its tokens so far are
+    read from the knowledge where a node needs them."""
+    if info is None or not info[1]:
+        run = kept if type(kept) is TokenRun else TokenRun(kept)
+        if info is None:
+            return _Facts(run, guessed_length, False)
+        return _Facts(run, guessed_length, False, source=key, source_start=cut)
+    known = TokenRun(kept + info[0])
+    return _Facts(known, len(known), True)
 
 
 _UNDRESSED, _AS_EXPANDED, _AS_DEAD = 0, 1, 2
@@ -244,7 +262,9 @@ class PlanCache:
         self._version: tuple[int, object, int] | None = None
         self._event_index = 0
         self._nodes: dict[int, dict[_Facts, _CachedNode]] = {}  # event index -> facts -> node
-        self._readers: dict[RequestKey, set[_CachedNode]] = {}  # request -> nodes that read its knowledge
+        self._readers: dict[RequestKey, set[_CachedNode]] = {}  # request -> nodes that need it (read whether it runs or ended)
+        self._source_readers: dict[RequestKey, set[_CachedNode]] = {}  # request -> pending nodes waiting for its tokens
+        self._sourced: dict[RequestKey, list[_CachedNode]] = {}  # request -> the nodes whose facts name it as their source
         self._events: dict[int, Event] = {}
         self._proposal: dict[RequestKey, tuple[tuple[int, ...], bool]] = {}
         self._stopped: frozenset[RequestKey] = frozenset()
@@ -274,6 +294,7 @@ class PlanCache:
         afresh = False
         if old is None or old[0] != version[0] or old[1] is not version[1] or old[2] != version[2] or too_many:
             self._version, self._nodes, self._readers, self._events, self._stored = version, {}, {}, {}, 0
+            self._source_readers, self._sourced = {}, {}
             self._proposal, self._stopped = {}, frozenset()  # no node read them
             self._walked, afresh = None, True
         elif event_index != self._event_index:
@@ -281,6 +302,10 @@ class PlanCache:
                 del self._nodes[passed]
             for key in [key for key in self._readers if key[0] < event_index]:
                 del self._readers[key]
+            for key in [key for key in self._source_readers if key[0] < event_index]:
+                del self._source_readers[key]
+            for key in [key for key in self._sourced if key[0] < event_index]:
+                del self._sourced[key]
         self._event_index = event_index
         return afresh
 
@@ -289,16 +314,47 @@ class PlanCache:
         now = dict(proposal) if proposal else {}
         stopped = frozenset(stopped_early) if stopped_early else frozenset()
         before = self._proposal
-        changed = [key for key, info in now.items() if before.get(key) != info]
-        changed += [key for key in before if key not in now]
+        # a proposal that only grew changes nothing for the nodes that need it (their accept
+        # child names it as its source), only for the pending nodes waiting for its tokens
+        grown = []
+        changed = []
+        for key, info in now.items():
+            old = before.get(key)
+            if old != info:
+                if old is not None and not old[1] and not info[1] and info[0][: len(old[0])] == old[0]:
+                    grown.append(key)
+                else:
+                    changed.append(key)
+                    if old is not None and not old[1]:
+                        self._forget_source(key)
+        for key in before:
+            if key not in now:
+                changed.append(key)
+                if not before[key][1]:
+                    self._forget_source(key)
         changed += list(stopped ^ self._stopped)
         newly_stale = self._newly_stale
+        readers, source_readers = self._readers, self._source_readers
         for key in changed:
-            for node in self._readers.get(key, ()):
+            for node in readers.get(key, ()):
+                if not node.stale:
+                    node.stale = True
+                    newly_stale.append(node)
+        for key in grown + changed:
+            for node in source_readers.get(key, ()):
                 if not node.stale:
                     node.stale = True
                     newly_stale.append(node)
         self._proposal, self._stopped = now, stopped
+
+    def _forget_source(self, key: RequestKey) -> None:
+        """`key` no longer runs (or its tokens are not the ones its nodes read): the nodes that
+        name it as their source are dropped, so that no later tree finds them (the nodes that
+        need `key` are stale: no tree reaches these through them again)."""
+        for node in self._sourced.pop(key, ()):
+            level = self._nodes.get(node.event.index)
+            if level is not None and level.get(node.facts) is node:
+                del level[node.facts]
 
     def _node(self, event_index: int, facts: _Facts, schedule: Schedule) -> _CachedNode:
         level = self._nodes.get(event_index)
@@ -311,6 +367,11 @@ class PlanCache:
                 event = self._events[event_index] = schedule.event(event_index)
             node = level[facts] = _CachedNode(event, facts)
             self._stored += 1
+            if facts.source is not None:
+                sourced = self._sourced.get(facts.source)
+                if sourced is None:
+                    sourced = self._sourced[facts.source] = []
+                sourced.append(node)
         return node
 
     def _expand(self, node: _CachedNode, rules: PlanRules, last_event: int, at_root: bool) -> None:
@@ -322,6 +383,8 @@ class PlanCache:
             return
         if expansion.key is not None:
             self._readers.setdefault(expansion.key, set()).add(node)
+        elif expansion.pending:
+            self._source_readers.setdefault(expansion.fork[0], set()).add(node)  # type: ignore[index]
         below = self._nodes.get(event.index + 1)
         branch_nodes: list[tuple[PlanNode, float]] = []
         for child, p in expansion.branches:
