@@ -16,6 +16,7 @@ from actors.metrics import ChainMetrics
 from actors.stream_protocol import ChainActions, ChainUpdate
 from presto_ray.chain import Chain
 from presto_ray.chain_stream import ChainStream, StreamRequestError
+from presto_ray.collector import collecting_less
 from presto_ray.engines.base import Completion, ProposalRequest
 from presto_ray.results import SampleResult
 from presto_ray.rounds import ChainRounds
@@ -75,16 +76,17 @@ async def _stream(coordinator: CoordinatorHandle, chain_id: Hashable, stream: Ch
     """The streaming schedule through the coordinator (presto_ray/streaming.py is the in-process
     form; both only carry what `ChainStream.step` decides): send what the chain wants aborted,
     started and woken; hand it the events that land."""
-    actions = stream.step(budget=await coordinator.stream_open.remote(chain_id, stream.chain.config.prefetch_budget))
-    while not actions.done:  # done: chain_finished aborts what is still running
-        update: ChainUpdate = await coordinator.stream_exchange.remote(
-            chain_id, ChainActions(actions.aborts, actions.starts, actions.wakes, actions.bounds)
-        )
-        actions = stream.step(update.events, update.budget)
-        if actions.transitions:  # progress, not every fork point
-            metrics.record_round(actions.transitions)
-            if on_round is not None:
-                await on_round(stream.chain)
+    with collecting_less():  # the plan nodes a streaming chain keeps (presto_ray/collector.py)
+        actions = stream.step(budget=await coordinator.stream_open.remote(chain_id, stream.chain.config.prefetch_budget))
+        while not actions.done:  # done: chain_finished aborts what is still running
+            update: ChainUpdate = await coordinator.stream_exchange.remote(
+                chain_id, ChainActions(actions.aborts, actions.starts, actions.wakes, actions.bounds)
+            )
+            actions = stream.step(update.events, update.budget)
+            if actions.transitions:  # progress, not every fork point
+                metrics.record_round(actions.transitions)
+                if on_round is not None:
+                    await on_round(stream.chain)
 
 
 @functools.cache

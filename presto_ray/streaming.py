@@ -8,15 +8,16 @@ presto_ray/speculation.py's.
 
 from __future__ import annotations
 
-import gc
 from collections import deque
-from contextlib import contextmanager
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Sequence
 
 from presto_ray.chain import Chain, ProposalKey
 from presto_ray.chain_stream import ChainStream, StreamActions, StreamEvent
+from presto_ray.collector import COLLECTION_THRESHOLDS, collecting_less
 from presto_ray.engines.base import EngineEvent, StreamingEngine
 from presto_ray.speculation import streaming_budget
+
+__all__ = ["COLLECTION_THRESHOLDS", "collecting_less", "run_streaming"]
 
 
 def run_streaming(
@@ -28,32 +29,10 @@ def run_streaming(
     on_started: Callable[[int], None] | None = None,
 ) -> None:
     """Drive every chain to the end, at most `max_active_chains` at once (None: all), in input
-    order; `on_started(i)` / `on_finished(i)` are called as chain i starts and finishes."""
+    order; `on_started(i)` / `on_finished(i)` are called as chain i starts and finishes. The loop
+    collects less (presto_ray/collector.py)."""
     with collecting_less():
         _run(engine, chains, on_finished, max_active_chains, on_started)
-
-
-# Python's cyclic collector runs a young-generation pass every 700 net container allocations and
-# a full pass over every live object every 100 of those. A streaming chain keeps thousands of
-# plan nodes alive (presto_ray/plan_tree.py's PlanCache) and allocates more at every event, so
-# with many chains the full passes dominate: on the toy (16 chains, configs/toy.yaml's sampler,
-# CPU time, load 7-13 on 2 cores, one run each) the run took 19.9 and 22.3 s with Python's
-# defaults (22 full passes) and 15.1 s with these thresholds (2). What a chain drops while it runs
-# is freed by reference counting (its planner's one cycle, with its rules, lives as long as the
-# chain), so collecting less often holds no more memory. Samples do not depend on it.
-COLLECTION_THRESHOLDS = (50_000, 50, 100)
-
-
-@contextmanager
-def collecting_less() -> Iterator[None]:
-    """The collector's thresholds raised to at least COLLECTION_THRESHOLDS while the block runs
-    (process-wide: a thread that runs meanwhile collects less often too), then restored."""
-    before = gc.get_threshold()
-    gc.set_threshold(*(max(old, new) for old, new in zip(before, COLLECTION_THRESHOLDS)))
-    try:
-        yield
-    finally:
-        gc.set_threshold(*before)
 
 
 def _run(
