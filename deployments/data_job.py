@@ -36,7 +36,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Iterator, Sequence
 
 import pyarrow.fs as pafs
 import ray.data
@@ -49,6 +49,7 @@ from actors.stage_base import BadPromptRow, JobFailed, SamplingStage, StageFailu
 from deployments.checkpoint_filter import content_checkpoint_filter
 from deployments.job_folder import CHECKPOINT_DIR, JOB_RECORD, check_job_record, count_rows, data_files, discard_uncommitted, refuse_changed_prompts
 from deployments.job_input import InputSnapshot, filesystem, first_line, join, prompt_input
+from deployments.node_watch import job_demands, node_watch
 from deployments.processor import ProcessorConfig, build_power_sampling_processor, processor_config
 from presto_ray.data_columns import INPUT_KEY_COLUMN
 from presto_ray.engines.base import CallAccounting
@@ -100,13 +101,16 @@ class DataJobSummary:
 
 
 @contextmanager
-def _data_context(checkpoint: CheckpointConfig | None, progress: bool) -> Iterator[None]:
-    """Ray Data's process-wide settings for one job (checkpoint, progress bars, its logger's
-    level: quiet hides its INFO lines too), restored afterwards for the next job in the process."""
+def _data_context(checkpoint: CheckpointConfig | None, progress: bool, callbacks: Sequence[type] = ()) -> Iterator[None]:
+    """Ray Data's process-wide settings for one job (checkpoint, progress bars, execution
+    callbacks, its logger's level: quiet hides its INFO lines too), restored afterwards for the
+    next job in the process."""
     context = ray.data.DataContext.get_current()
     data_logger, bars_logger = logging.getLogger("ray.data"), logging.getLogger("ray.data._internal.progress")
     saved = context.checkpoint_config, context.enable_progress_bars, data_logger.level, bars_logger.level
+    saved_callbacks = list(context.custom_execution_callback_classes)
     context.checkpoint_config, context.enable_progress_bars = checkpoint, progress
+    context.custom_execution_callback_classes = [*saved_callbacks, *callbacks]
     if not progress:
         data_logger.setLevel(logging.WARNING)
         bars_logger.setLevel(logging.ERROR)  # its "Progress bars disabled. To enable, ..." advice: asked for
@@ -114,6 +118,7 @@ def _data_context(checkpoint: CheckpointConfig | None, progress: bool) -> Iterat
         yield
     finally:
         context.checkpoint_config, context.enable_progress_bars, level, bars_level = saved
+        context.custom_execution_callback_classes = saved_callbacks
         data_logger.setLevel(level)
         bars_logger.setLevel(bars_level)
 
@@ -225,8 +230,11 @@ def run_data_job(
             delete_checkpoint_on_success=False,  # a rerun of a finished job must find it: nothing to do
             checkpoint_filter_cls=content_checkpoint_filter(settings.columns),
         )
+        # a part with no live node to run on (its nodes lost, none joined) ends the job in one line
+        timeout = job.ray.missing_node_timeout_s
+        watch = [] if timeout is None else [node_watch(job_demands(job), timeout)]
         started = True
-        with _data_context(checkpoint, progress), _stage_failures_as_they_are(), _ray_data_errors() as held:
+        with _data_context(checkpoint, progress, watch), _stage_failures_as_they_are(), _ray_data_errors() as held:
             prompt_rows = snapshot.input.read()  # after the checkpoint config: the read filters done ids
             with build_power_sampling_processor(settings, stage=stage, address=address, replicas=replicas) as processor:
                 failure = None

@@ -132,6 +132,13 @@ class RayConfig(BaseModel):
         120.0, gt=0.0, le=3600.0,
         description="How long chains wait for a dead coordinator to come back before the job fails with one line.",
     )
+    missing_node_timeout_s: float | None = Field(
+        600.0, gt=0.0, le=86400.0,
+        description="`sample --ray`: how long the job waits when no live node offers what its stage actors or its "
+        "engine replicas reserve (their nodes were lost and none has joined; on KubeRay a replacement pod ends the "
+        "wait) before it stops with one line naming the resources, keeping the rows written so far (a rerun "
+        "resumes). None: wait for such a node however long it takes.",
+    )
     batch_window_s: float = Field(
         0.1,
         ge=0.0,

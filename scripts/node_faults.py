@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
         for lose in (None, ENGINE, CHAINS, COORDINATOR):
             ensure_nodes(cluster, {ENGINE: 2, CHAINS: 1, COORDINATOR: 1})
             with tempfile.TemporaryDirectory() as workdir:
-                run = run_job(cluster, Path(workdir), items, config, lose=lose, after_commits=10, timeout_s=900)
+                run = run_job(cluster, Path(workdir), items, config, lose=lose or (), after_commits=10, timeout_s=900)
             wait_until_gone(cluster)
             got = by_pair(run.rows)
             same = len(got) == len(run.rows) == len(expected) and all(

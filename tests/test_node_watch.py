@@ -1,0 +1,60 @@
+"""The job's bound on a part with no node to run on (deployments/node_watch.py): which parts a node
+table can hold, the clock of each missing one, and the one line it stops with. The job on a real
+multi-node cluster: tests/test_multinode_job.py."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("ray.data")
+
+from actors.stage_base import JobFailed  # noqa: E402
+from deployments.node_watch import MissingNodes, NodeDemand, job_demands, missing  # noqa: E402
+from presto_ray.ray_config import RayConfig  # noqa: E402
+from ray_helpers import toy_job  # noqa: E402
+
+CHAINS = NodeDemand("the stage actors", "ray.placement.chain_actor_resources", {"presto_chains": 1})
+ENGINE = NodeDemand("the engine replicas", "ray.placement.replica_resources", {"presto_engine": 1, "GPU": 1})
+
+
+def node(alive: bool = True, **resources: float) -> dict:
+    return {"Alive": alive, "Resources": {"CPU": 2.0, **resources}}
+
+
+def test_a_part_is_missing_only_when_no_live_node_offers_all_it_reserves():
+    nodes = [node(presto_chains=1), node(presto_engine=1)]  # an engine node without a GPU
+    assert missing([CHAINS, ENGINE], nodes) == [ENGINE]
+    assert missing([CHAINS, ENGINE], [*nodes, node(presto_engine=2, GPU=8)]) == []
+    assert missing([CHAINS], [node(False, presto_chains=1)]) == [CHAINS]  # a dead node offers nothing
+    assert missing([NodeDemand("anywhere", "", {})], []) == []  # reserving nothing, any node holds it
+
+
+def test_the_watch_stops_the_job_once_a_part_has_been_missing_for_the_time_limit():
+    watch = MissingNodes([CHAINS, ENGINE], timeout_s=10.0)
+    both = [node(presto_chains=1), node(presto_engine=1, GPU=1)]
+    watch.check(0.0, both)
+    watch.check(5.0, both[1:])  # the chain node is lost: its clock starts
+    watch.check(14.0, both)  # and it came back before the limit: forgotten
+    watch.check(20.0, both[1:])
+    watch.check(29.9, both[1:])
+    with pytest.raises(JobFailed) as stopped:
+        watch.check(30.0, both[1:])
+    assert str(stopped.value) == (
+        "no live node offers {presto_chains: 1}, which the stage actors reserve (ray.placement.chain_actor_resources), "
+        "for 10 s (ray.missing_node_timeout_s: 10): the job stopped; the rows written so far are kept; "
+        "rerun to resume once such a node is back"
+    )
+
+
+def test_a_jobs_demands_are_what_its_stage_actors_and_replicas_reserve():
+    _, job = toy_job(placement={"chain_actor_resources": {"presto_chains": 1}, "replica_resources": {"presto_engine": 1}},
+                     replica_num_cpus=1)  # fmt: skip
+    stage, replicas = job_demands(job)
+    assert stage.resources == {"presto_chains": 1} and replicas.resources == {"CPU": 1, "presto_engine": 1}
+    _, anywhere = toy_job()
+    assert [d.resources for d in job_demands(anywhere)] == [{}, {}]  # the toy reserves no GPU
+
+
+def test_the_time_limit_has_a_default_and_can_be_switched_off():
+    assert RayConfig().missing_node_timeout_s == 600.0
+    assert RayConfig(missing_node_timeout_s=None).missing_node_timeout_s is None
