@@ -7,7 +7,7 @@ PYTHON ?= python3
 STAMP := $(VENV)/.installed
 PIP := $(VENV)/bin/pip
 
-.PHONY: install sample test test-fast lint bench bench-virtual bench-real bench-real-early-rejection bench-ray bench-coordinator load-test validate-real eval-real clean
+.PHONY: install sample test test-fast lint bench bench-virtual bench-real bench-real-early-rejection bench-transformers bench-ray bench-coordinator load-test validate-real eval-real clean
 
 install: $(STAMP)
 
@@ -49,6 +49,10 @@ bench-real: $(STAMP)
 
 bench-real-early-rejection: $(STAMP)
 	$(VENV)/bin/presto-ray bench-real --block-size 96 --mh-steps 20 --early-rejection both --out bench/results/vllm_cpu_early_rejection.json --png bench/results/vllm_cpu_early_rejection.png
+
+# Issue 31's speed target on the transformers engine (docs/benchmarks.md): run it on a quiet machine.
+bench-transformers: $(STAMP)
+	$(VENV)/bin/presto-ray bench-real --config configs/transformers.yaml --block-size 96 --mh-steps 20 --budgets 8 --early-rejection both --n 2 --out bench/results/transformers_cpu_schedules.json
 
 validate-real: $(STAMP)
 	$(VENV)/bin/presto-ray validate --config configs/validate.yaml --prompts examples/validate_prompts.jsonl --out bench/results/validate_vllm_cpu.json
