@@ -263,7 +263,8 @@ class PlanCache:
         self._event_index = 0
         self._nodes: dict[int, dict[_Facts, _CachedNode]] = {}  # event index -> facts -> node
         self._readers: dict[RequestKey, set[_CachedNode]] = {}  # request -> nodes that need it (read whether it runs or ended)
-        self._source_readers: dict[RequestKey, set[_CachedNode]] = {}  # request -> pending nodes waiting for its tokens
+        # request -> pending nodes waiting for its tokens -> the token count each waits for
+        self._source_readers: dict[RequestKey, dict[_CachedNode, int]] = {}
         self._sourced: dict[RequestKey, list[_CachedNode]] = {}  # request -> the nodes whose facts name it as their source
         self._events: dict[int, Event] = {}
         self._proposal: dict[RequestKey, tuple[tuple[int, ...], bool]] = {}
@@ -340,11 +341,19 @@ class PlanCache:
                 if not node.stale:
                     node.stale = True
                     newly_stale.append(node)
-        for key in grown + changed:
+        for key in changed:
             for node in source_readers.get(key, ()):
                 if not node.stale:
                     node.stale = True
                     newly_stale.append(node)
+        for key in grown:  # a pending node whose tokens are not there yet stays as it is
+            waiting = source_readers.get(key)
+            if waiting:
+                count = len(now[key][0])
+                for node, needed in waiting.items():
+                    if needed <= count and not node.stale:
+                        node.stale = True
+                        newly_stale.append(node)
         self._proposal, self._stopped = now, stopped
 
     def _forget_source(self, key: RequestKey) -> None:
@@ -384,7 +393,8 @@ class PlanCache:
         if expansion.key is not None:
             self._readers.setdefault(expansion.key, set()).add(node)
         elif expansion.pending:
-            self._source_readers.setdefault(expansion.fork[0], set()).add(node)  # type: ignore[index]
+            source, needed = expansion.fork  # type: ignore[misc]
+            self._source_readers.setdefault(source, {})[node] = needed
         below = self._nodes.get(event.index + 1)
         branch_nodes: list[tuple[PlanNode, float]] = []
         for child, p in expansion.branches:
