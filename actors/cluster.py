@@ -36,6 +36,8 @@ from presto_ray.ray_config import RayConfig
 if TYPE_CHECKING:
     from ray._private.node import Node
 
+log = logging.getLogger(__name__)
+
 
 def ensure_ray(address: str | None = None, quiet: bool = False) -> None:
     """Connect to `address` (or RAY_ADDRESS, as under `ray job submit`), else start a local Ray;
@@ -136,6 +138,7 @@ class SamplingCluster:
         self._placement_group: PlacementGroup | None = None
         self.draining: set[int] = set()  # retired by the autoscaler, still finishing their work
         self.stopped: set[int] = set()  # retired and stopped (their slots stay: indices never move)
+        self.pending: dict[int, ray.ObjectRef] = {}  # added, not yet ready: index -> its `ready` call
         self._shut_down = False
         ensure_ray(address)
         self.replicas: list[ReplicaHandle] = list(replicas) if replicas else self._start_replicas()
@@ -156,8 +159,14 @@ class SamplingCluster:
     # --- the pool grows and shrinks (driven by actors/replica_autoscaler.py) ----------------------
     @property
     def active_replicas(self) -> list[int]:
-        """Indices of the replicas taking new work."""
-        return [i for i in range(len(self.replicas)) if i not in self.draining and i not in self.stopped]
+        """Indices of the replicas taking new work (started and handed to their shard)."""
+        return [i for i in range(len(self.replicas)) if i not in self.draining and i not in self.stopped and i not in self.pending]
+
+    @property
+    def pending_replicas(self) -> list[int]:
+        """Indices of the replicas added and not yet started (waiting for a node that can hold
+        them, or starting their engine): `join_placed` hands them to their shard once ready."""
+        return sorted(self.pending)
 
     def _shard_of(self, i: int) -> CoordinatorHandle:
         # shard_replicas' partition (replica i to shard i mod shards), which holds as replicas are
@@ -165,12 +174,46 @@ class SamplingCluster:
         return self.coordinators.handles[i % len(self.coordinators)]
 
     def add_replica(self) -> int:
-        """Start one more engine replica and hand it to its coordinator shard; its index."""
+        """Ask for one more engine replica; its index, at once. It is pending until Ray has placed
+        it (a node that can hold it may not exist yet: on KubeRay the demand starts one) and its
+        engine is ready; `join_placed` then hands it to its coordinator shard. Meanwhile the
+        coordinators serve with the replicas they have."""
         i = len(self.replicas)
         replica = ray.remote(EngineReplica).options(**self._replica_options()).remote(self.engine_spec, i)
-        ray.get(replica.ready.remote())
         self.replicas.append(replica)
-        ray.get(self._shard_of(i).add_replica.remote(replica, i))
+        self.pending[i] = replica.ready.remote()
+        return i
+
+    def join_placed(self, timeout_s: float = 0.0) -> list[int]:
+        """Hand each pending replica that is ready (waiting up to `timeout_s` for all of them) to
+        its coordinator shard; their indices. A replica whose start failed is stopped (logged): the
+        autoscaler asks for another if the load still wants it."""
+        if not self.pending:
+            return []
+        ready, _ = ray.wait(list(self.pending.values()), num_returns=len(self.pending), timeout=timeout_s)
+        done = {ref.hex() for ref in ready}
+        joined: list[int] = []
+        for i in [i for i, ref in self.pending.items() if ref.hex() in done]:
+            ref = self.pending.pop(i)
+            try:
+                ray.get(ref)
+            except Exception:
+                log.exception("engine replica %d failed to start", i)
+                kill_actor(self.replicas[i])
+                self.stopped.add(i)
+                continue
+            ray.get(self._shard_of(i).add_replica.remote(self.replicas[i], i))
+            joined.append(i)
+        return joined
+
+    def cancel_pending(self) -> int | None:
+        """Stop the newest pending replica (the load no longer wants it); its index, or None."""
+        if not self.pending:
+            return None
+        i = max(self.pending)
+        del self.pending[i]
+        kill_actor(self.replicas[i])
+        self.stopped.add(i)
         return i
 
     def retire_replica(self) -> int:
@@ -202,7 +245,7 @@ class SamplingCluster:
         known_by_shard = ray.get([shard.replica_indices.remote() for shard in handles])  # one round trip for all
         for s, (shard, known) in enumerate(zip(handles, map(set, known_by_shard))):
             for i in range(s, len(self.replicas), len(self.coordinators)):
-                if i in known or i in self.stopped:
+                if i in known or i in self.stopped or i in self.pending:
                     continue
                 ray.get(shard.add_replica.remote(self.replicas[i], i))
                 if i in self.draining:
@@ -239,8 +282,11 @@ class SamplingCluster:
             kill_actor(actor)
         if self._owns_replicas:
             for i, replica in enumerate(self.replicas):
-                if i not in self.stopped:
+                if i in self.pending:  # not started: nothing to shut down (asking it would wait for a node)
+                    kill_actor(replica)
+                elif i not in self.stopped:
                     self._stop_replica(replica)
+            self.pending.clear()
         if self._placement_group is not None:
             ray.util.remove_placement_group(self._placement_group)
         self._placement_group = None

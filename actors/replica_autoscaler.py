@@ -25,9 +25,16 @@ class ReplicaPool(Protocol):
     @property
     def active_replicas(self) -> list[int]: ...
 
+    @property
+    def pending_replicas(self) -> list[int]: ...
+
     def snapshot(self) -> CoordinatorSnapshot: ...
 
     def add_replica(self) -> int: ...
+
+    def join_placed(self, timeout_s: float = 0.0) -> list[int]: ...
+
+    def cancel_pending(self) -> int | None: ...
 
     def retire_replica(self) -> int: ...
 
@@ -43,21 +50,27 @@ class ReplicaAutoscaler:
     def __init__(self, cluster: ReplicaPool, scaling: ReplicaAutoscalingConfig) -> None:
         self.cluster, self.scaling = cluster, scaling
         self.policy = ReplicaScalingPolicy(scaling)
-        self.started_replicas: list[int] = []
+        self.started_replicas: list[int] = []  # asked for
+        self.joined_replicas: list[int] = []  # started and handed to their shard
         self.stopped_replicas: list[int] = []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def step(self, now: float) -> int:
-        """Stop what has drained, read the load, act on the rule; the active replica count after."""
+        """Stop what has drained, hand the replicas started since to their shards, read the load,
+        act on the rule; the replica count after (active and pending). Never waits for a replica
+        to start: one asked for joins at the first pass after it is ready (until then it counts,
+        so it is not asked for twice), and one the load no longer wants is cancelled first."""
         self.cluster.resync_shards()
         self.stopped_replicas += self.cluster.stop_drained()
-        current = len(self.cluster.active_replicas)
+        self.joined_replicas += self.cluster.join_placed()
+        current = len(self.cluster.active_replicas) + len(self.cluster.pending_replicas)
         target = self.policy.decide(now, current, self.cluster.snapshot().ongoing_requests)
         for _ in range(target - current):
             self.started_replicas.append(self.cluster.add_replica())
         for _ in range(current - target):
-            self.cluster.retire_replica()
+            if self.cluster.cancel_pending() is None:
+                self.cluster.retire_replica()
         if target != current:
             log.info("engine replicas: %d -> %d", current, target)
         return target

@@ -30,7 +30,7 @@ from actors.coordinator import CoordinatorHandle
 from actors.coordinator_shards import CoordinatorShards
 from deployments.body_reader import read_body
 from deployments.client_disconnects import DisconnectReports, client_left
-from deployments.error_response import error_response
+from deployments.error_response import error_response, service_error
 from deployments.ingress_api import build_api
 from deployments.replica_logging import log_to_stderr
 from deployments.serve_stats import stats_response
@@ -47,8 +47,6 @@ from presto_ray.openai import (
     choice_from_result,
     completion_response,
     done_chunk,
-    error_event,
-    internal_error,
     models_body,
     prepare,
     progress_chunk,
@@ -104,10 +102,11 @@ class PrestoIngress:
     async def stats(self) -> BaseModel | JSONResponse:
         try:
             snapshot = await (await self.coordinators()).snapshot()
-            return stats_response(snapshot, client_disconnects=await self.pool.disconnects.remote())
+            disconnects, pending = await asyncio.gather(self.pool.disconnects.remote(), self.pool.pending_replicas.remote())
+            return stats_response(snapshot, client_disconnects=disconnects, pending_replicas=pending)
         except Exception as e:  # the coordinator is restarting: no internals in the answer
             self._forget_dead_pool(e)
-            return error_response(internal_error(e))
+            return error_response(service_error(e))
 
     async def completion(self, request: Request, chat: bool) -> BaseModel | Response:
         try:
@@ -121,7 +120,7 @@ class PrestoIngress:
                 self.disconnects.report(None, "before its answer")
                 raise asyncio.CancelledError from None
             self._forget_dead_pool(e)
-            return error_response(internal_error(e))
+            return error_response(service_error(e))
 
     # --- one request -------------------------------------------------------------------------
     def _forget_dead_pool(self, error: BaseException) -> None:
@@ -167,7 +166,7 @@ class PrestoIngress:
                 raise
             # an engine failure: this request fails, the service keeps serving
             self._forget_dead_pool(e)
-            return error_response(internal_error(e, prepared.id))
+            return error_response(service_error(e, prepared.id))
         return completion_response(prepared, [self._choice(prepared, i, r) for i, r in enumerate(results)])
 
     async def _stream(self, coordinator: CoordinatorHandle, prepared: Prepared, chains: list[Chain], ids: list[ChainId]) -> AsyncIterator[str]:
@@ -187,7 +186,7 @@ class PrestoIngress:
                 if client_left(e):  # the stream was closed: its client left, nobody reads this event
                     left.append(i)
                     return
-                await events.put(error_event(e, prepared.id))
+                await events.put(service_error(e, prepared.id).response())
             finally:
                 await events.put(None)  # this chain is over
 

@@ -31,6 +31,10 @@ class SamplingPool:
     def disconnects(self) -> int:
         return self.client_disconnects
 
+    def pending_replicas(self) -> int:
+        """Engine replicas asked for and not started yet (waiting for a node that can hold them)."""
+        return len(self.cluster.pending_replicas)
+
     def coordinators(self) -> CoordinatorShards:
         return self.cluster.coordinators
 

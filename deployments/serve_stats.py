@@ -9,8 +9,9 @@ from actors.coordinator_stats import CoordinatorSnapshot
 from presto_ray.openai.protocol import StatsResponse
 
 
-def stats_response(snapshot: CoordinatorSnapshot, client_disconnects: int = 0) -> StatsResponse:
-    """`client_disconnects`: the ingress's count (the sampling pool sums every replica's)."""
+def stats_response(snapshot: CoordinatorSnapshot, client_disconnects: int = 0, pending_replicas: int = 0) -> StatsResponse:
+    """`client_disconnects`: the ingress's count (the sampling pool sums every replica's);
+    `pending_replicas`: the pool's replicas asked for and not started."""
     counters, accounting = snapshot.counters, snapshot.accounting
     return StatsResponse(
         submitted_requests=counters.submitted_requests,
@@ -46,4 +47,5 @@ def stats_response(snapshot: CoordinatorSnapshot, client_disconnects: int = 0) -
         coordinator_shards=snapshot.shards,
         streams_running=snapshot.streams_running,
         client_disconnects=client_disconnects,
+        pending_replicas=pending_replicas,
     )

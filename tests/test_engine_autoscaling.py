@@ -109,8 +109,8 @@ def test_the_pool_grows_under_load_and_shrinks_when_idle(ray_address):
 
     spec = ToyEngineConfig(call_latency_s=0.25)
     scaling = ReplicaAutoscalingConfig(
-        min_replicas=1, max_replicas=2, target_ongoing_requests=4, upscale_delay_s=0, downscale_delay_s=0.5, interval_s=0.1
-    )
+        min_replicas=1, max_replicas=2, target_ongoing_requests=4, upscale_delay_s=0, downscale_delay_s=2, interval_s=0.1
+    )  # a replica asked for is cancelled if the load drops for downscale_delay_s before it starts: 2 s outlasts a dip
     configs = _configs("rounds", num_blocks=8)  # long enough to outlast a replica's start
     cluster = SamplingCluster(spec, RayConfig(replica_autoscaling=scaling))
     try:
@@ -124,7 +124,8 @@ def test_the_pool_grows_under_load_and_shrinks_when_idle(ray_address):
         snapshot = cluster.snapshot()
         assert snapshot.calls_per_replica[1] > 0, snapshot.calls_per_replica
         wait_for(lambda: cluster.stopped == {1}, 30, "the idle replica stopped")
-        assert cluster.autoscaler.started_replicas == [1] and cluster.autoscaler.stopped_replicas == [1]
+        assert cluster.autoscaler.started_replicas == [1] == cluster.autoscaler.joined_replicas
+        assert cluster.autoscaler.stopped_replicas == [1]
         with pytest.raises(ray.exceptions.RayActorError):
             ray.get(cluster.replicas[1].ready.remote(), timeout=30)
         after = cluster.snapshot()
@@ -146,7 +147,7 @@ def test_a_replica_retired_mid_run_finishes_its_work_and_changes_no_sample(ray_a
     cluster = SamplingCluster(spec, RayConfig(replica_autoscaling=scaling))
     try:
         cluster.autoscaler.stop()
-        assert cluster.add_replica() == 1
+        assert cluster.add_replica() == 1 and cluster.join_placed(timeout_s=60) == [1]
         out: dict = {}
         runner = threading.Thread(target=_run_chains, args=(cluster, configs, out))
         runner.start()
@@ -167,6 +168,48 @@ def test_a_replica_retired_mid_run_finishes_its_work_and_changes_no_sample(ray_a
         cluster.shutdown()
 
 
+def test_a_replica_no_node_can_hold_waits_apart_and_blocks_nothing(ray_address):
+    """A replica asked for while no node can hold it (on KubeRay: before the GPU node its demand
+    starts has joined) is pending: `add_replica` returns at once (it waited for the node: forever,
+    here), the coordinators serve with the replica they have (same samples), the autoscaler counts
+    it (it does not ask twice) and cancels it first when the load goes; the shutdown stops it
+    without waiting for it."""
+    import ray
+
+    from actors.cluster import SamplingCluster
+    from presto_ray.ray_config import PlacementConfig
+    from ray_helpers import InBackground
+
+    spec = ToyEngineConfig()
+    scaling = ReplicaAutoscalingConfig(max_replicas=3, target_ongoing_requests=1000, upscale_delay_s=0, downscale_delay_s=0)
+    cluster = SamplingCluster(spec, RayConfig(replica_autoscaling=scaling))
+    try:
+        cluster.autoscaler.stop()
+        # replicas asked for from now on reserve a resource no node of this Ray offers
+        cluster.settings = cluster.settings.model_copy(update={"placement": PlacementConfig(replica_resources={"presto_nowhere": 1})})
+        asked = time.monotonic()
+        assert InBackground(cluster.add_replica).result(timeout=30) == 1
+        print(f"\nadd_replica returned in {time.monotonic() - asked:.2f} s")
+        assert cluster.pending_replicas == [1] and cluster.active_replicas == [0]
+        assert cluster.join_placed(timeout_s=1) == [] and cluster.pending_replicas == [1]
+        configs = _configs("rounds", num_blocks=1)
+        out: dict = {}
+        _run_chains(cluster, configs, out)  # served by replica 0 meanwhile
+        assert [r.token_ids for r in out["results"]] == _in_process(spec, configs)
+        assert cluster.snapshot().active_replicas == 1
+        # the rule wants 1 (no load) of 2 counted (the pending one included): the pending one goes
+        assert cluster.autoscaler.step(time.monotonic()) == 1
+        assert cluster.pending_replicas == [] and cluster.stopped == {1} and cluster.active_replicas == [0]
+        pending = cluster.replicas[cluster.add_replica()]  # another, pending at shutdown
+        stopping = time.monotonic()
+        cluster.shutdown()
+        assert time.monotonic() - stopping < 30
+        with pytest.raises(ray.exceptions.RayActorError):
+            ray.get(pending.ready.remote(), timeout=30)
+    finally:
+        cluster.shutdown()
+
+
 def test_a_restarted_coordinator_is_handed_the_replicas_added_since(ray_address):
     import ray
 
@@ -175,7 +218,7 @@ def test_a_restarted_coordinator_is_handed_the_replicas_added_since(ray_address)
     cluster = SamplingCluster(ToyEngineConfig(), RayConfig(replica_autoscaling=ReplicaAutoscalingConfig(max_replicas=2)))
     try:
         cluster.autoscaler.stop()
-        cluster.add_replica()
+        assert cluster.add_replica() == 1 and cluster.join_placed(timeout_s=60) == [1]
         assert cluster.snapshot().active_replicas == 2
         ray.kill(cluster.coordinator, no_restart=False)
         # Ray restarts it with the replicas it was started with
@@ -207,7 +250,7 @@ def test_replicas_added_to_a_sharded_pool_join_one_shard(ray_address):
     cluster = SamplingCluster(spec, settings)
     try:
         cluster.autoscaler.stop()
-        assert cluster.add_replica() == 2
+        assert cluster.add_replica() == 2 and cluster.join_placed(timeout_s=60) == [2]
         snapshot = cluster.snapshot()
         assert snapshot.active_replicas == 3 and len(snapshot.calls_per_replica) == 3
         out: dict = {}

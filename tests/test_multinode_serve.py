@@ -13,7 +13,12 @@ coordinator node, the ingress on the ingress node. In order, one service:
    replica count is back to two once an engine node comes back;
 3. the ingress's node is lost under load: every request is answered once, a completion or an
    error in OpenAI's shape, none past the request timeout; Serve starts the ingress on the
-   replacement node and the service answers again."""
+   replacement node and the service answers again;
+4. the sampling pool's node is lost under load (the pool owns the engine replicas and the
+   coordinators, which die with it): every request is answered once, a completion with the
+   in-process sample or a 503 in OpenAI's shape saying to retry, none past the request timeout;
+   Serve starts the pool again on the replacement node (new replicas and coordinators), the
+   ingress finds it, and the service answers again."""
 
 from __future__ import annotations
 
@@ -118,7 +123,7 @@ def _lose_under_load(cluster, url: str, role: str, first: int):
     from http_load import run_load as load
     from ray_helpers import InBackground
 
-    actor = {ENGINE: "EngineReplica", INGRESS: "ServeReplica:presto:PrestoIngress"}[role]
+    actor = {ENGINE: "EngineReplica", INGRESS: "ServeReplica:presto:PrestoIngress", COORDINATOR: "ServeReplica:presto:SamplingPool"}[role]
     before = _stats(url)
     running = InBackground(lambda: load(url, 32, first))
     wait_for(lambda: _stats(url)["submitted_requests"] > before["submitted_requests"] + 32, 60, "the load to be under way")
@@ -133,9 +138,12 @@ def test_a_joining_engine_node_gets_a_replica_and_requests(service):
     assert _stats(url)["active_replicas"] == 1
     warm = run_load(url, 32, first=0)  # asks the autoscaler for a second replica: no node can hold it
     assert not warm.failures and not warm.errors, warm.counts()
+    # it waits apart (pending, shown in the stats) while the service answers with the replica it has
+    wait_for(lambda: _stats(url)["pending_replicas"] == 1, 60, "the second replica pending")
+    assert _stats(url)["active_replicas"] == 1
     joined = time.monotonic()
     cluster.add_node(ENGINE)  # the replica the autoscaler started, waiting for a node, starts there
-    wait_for(lambda: (s := _stats(url))["active_replicas"] == 2 and s, 120, "a second engine replica")
+    wait_for(lambda: (s := _stats(url))["active_replicas"] == 2 and s["pending_replicas"] == 0, 120, "a second engine replica")
     first_call = time.monotonic() - joined
     load = run_load(url, 32, first=200)
     stats = _stats(url)
@@ -182,3 +190,21 @@ def test_losing_the_ingress_node_under_load_answers_every_request_once(service):
     print(f"ingress answering again {time.monotonic() - killed:.1f} s after the loss")
     again = run_load(url, 32, first=600)
     assert not again.failures and not again.errors, again.counts()
+
+
+def test_losing_the_sampling_pools_node_under_load_answers_every_request_once(service):
+    cluster, url, config = service
+    load, killed = _lose_under_load(cluster, url, COORDINATOR, first=700)
+    print(f"\nsampling pool's node lost under load: {load.counts()}")
+    assert not load.failures, load.counts()  # no hang, no cut stream, no body outside OpenAI's shape
+    assert all(a.status == 503 and "retry" in a.error["message"] for a in load.errors if not a.stream), load.counts()
+    assert all("retry" in a.error["message"] for a in load.errors), [a.error for a in load.errors]
+    expected = _expected(config, load.completed)
+    assert all(a.texts == expected[a.index] for a in load.completed)
+    cluster.add_node(COORDINATOR)
+    wait_for(lambda: _stats_or_none(url), 180, "the sampling pool back on the new node", interval_s=0.5)
+    print(f"sampling pool answering again {time.monotonic() - killed:.1f} s after the loss")
+    again = run_load(url, 32, first=800)
+    assert not again.failures and not again.errors, again.counts()
+    expected = _expected(config, again.answers)  # the new pool's replicas start from nothing: same samples
+    assert all(a.texts == expected[a.index] for a in again.answers)

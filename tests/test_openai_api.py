@@ -347,7 +347,7 @@ STATS_KEYS = [
     "stream_aborts", "calls", "num_requests", "prompt_tokens", "cached_prompt_tokens", "generated_tokens",
     "scoring_tokens", "scoring_time_s", "wall_time_s", "requests_per_call", "cached_token_share", "calls_per_replica",
     "inflight_calls_per_replica", "inflight_requests_per_replica", "healthy", "active_replicas", "ongoing_requests",
-    "queue_depth", "chains_active", "coordinator_shards", "streams_running", "client_disconnects",
+    "queue_depth", "chains_active", "coordinator_shards", "streams_running", "client_disconnects", "pending_replicas",
 ]  # fmt: skip
 
 

@@ -393,3 +393,8 @@ class StatsResponse(BaseModel):
     client_disconnects: int = Field(
         0, description="Requests whose client went away before the answer or the stream ended (every ingress replica's)."
     )
+    # what the sampling pool knows
+    pending_replicas: int = Field(
+        0, description="Engine replicas the autoscaler asked for that have not started yet (no node can hold them "
+        "yet, or their engine is starting); they take work once started."
+    )
