@@ -120,3 +120,32 @@ def test_a_cache_that_outgrows_its_trees_starts_afresh(checked_trees, monkeypatc
     run_chain(engine, chain)
     assert sum(afresh) > len(afresh) // 3  # at these limits every other tree or so starts afresh
     assert chain.state.tokens == reference.state.tokens and chain.stats == reference.stats
+
+
+def test_knowledge_that_shrinks_or_comes_back_gives_the_trees_from_nothing(checked_trees):
+    """Nodes below a running proposal name it instead of copying its tokens: a proposal that
+    grows keeps them, one that is dropped, restarted with fewer tokens or finished must not leave
+    a tree reading tokens it no longer has (each tree is checked against the tree from nothing)."""
+    engine = ToyEngine(vocab_size=64, eos_token_id=0, seed=1, logit_scale=4.0, eos_bias=-3.0)
+    config = SamplerConfig(block_size=24, num_blocks=2, mh_steps=12, prefetch_budget=16, seed=5,
+                           fixed_length=True, schedule="streaming", refit_predictor=False)
+    planner = Planner(Chain([5, 6, 7], config, engine.eos_token_id))
+    root_key = planner.tree({}, set()).root.key
+    tokens = tuple(range(1, 25))
+    forks = 0
+    for knowledge in [
+        {root_key: (tokens[:5], False)},
+        {root_key: (tokens[:12], False)},
+        {},
+        {root_key: (tokens[:3], False)},
+        {root_key: (tokens[:20], False)},
+        {root_key: (tokens[:20], False)},
+        {root_key: (tokens[:8], False)},
+        {root_key: (tokens, True)},
+    ]:
+        tree = planner.tree(knowledge, set())
+        forks += len(tree.fork_points)
+        below = sorted((key for key in tree.keys if key != root_key), key=lambda key: (key[0], len(key[1])))
+        if below:  # a request below the running one runs too, then goes
+            planner.tree({**knowledge, below[0]: (tokens[:4], False)}, set())
+    assert forks > 0 and checked_trees[0] >= 12
