@@ -5,7 +5,7 @@ its role as KubeRay would replace a pod. Per run: the exit status, rows written,
 sample equals the in-process run's (each pair once), the time from the loss until the lost part
 ran again on another node and to the job's end, and the engine's tokens beyond those the written
 samples used (work done twice). The scenario is the tests' (tests/node_faults.py); the tests run
-it at 16 prompts.
+one job of 24 prompts that loses the three nodes in turn (tests/test_multinode_job.py).
 
     .venv/bin/python scripts/node_faults.py --prompts 200 --out bench/results/node_faults.json
 """
