@@ -30,13 +30,19 @@ lint: $(STAMP)
 	$(VENV)/bin/lint-imports --no-cache
 	$(VENV)/bin/mypy
 
+# Opt-in: `make test TEST_WORKERS=2` runs the suite on pytest-xdist workers, every vLLM test on one
+# of them, the multi-node tests on one, each module's tests together (tests/worker_groups.py). Not
+# the default yet: no clean full run on two workers has been measured.
+TEST_WORKERS ?=
+PYTEST_WORKERS := $(if $(TEST_WORKERS),-n $(TEST_WORKERS) --dist loadgroup,)
+
 test: lint
-	$(VENV)/bin/python -m pytest -q --durations=15
+	$(VENV)/bin/python -m pytest -q --durations=15 $(PYTEST_WORKERS)
 
 # No vLLM, no Ray and not the slow statistical tests (exact laws over thousands of chains; `make
 # test` runs them): the core, the policies, the books, the HTTP contract, the toy engine.
 test-fast: lint
-	$(VENV)/bin/python -m pytest -q --durations=10 -m "not vllm and not ray and not slow"
+	$(VENV)/bin/python -m pytest -q --durations=10 -m "not vllm and not ray and not slow" $(PYTEST_WORKERS)
 
 bench: $(STAMP)
 	$(VENV)/bin/presto-ray bench --out bench/results/toy.json

@@ -25,12 +25,13 @@ def error_response(error: ApiError) -> JSONResponse:
     return JSONResponse(error.body(), error.status, headers=error.headers)
 
 
-def service_error(error: BaseException, request_id: str | None = None) -> ApiError:
-    """The answer to a request the service failed: a coordinator it was using died (its node was
-    lost with the sampling pool that owns it, or it is restarting) is a 503 saying to retry, with
-    `Retry-After` (Serve starts the pool again, and the ingress asks the new one); anything else a
-    500 carrying only an error id (`internal_error`)."""
-    if isinstance(error, RayActorError):
-        log.warning("request %s: lost its coordinator (%s); answered 503, retry", request_id or "-", type(error).__name__)
+def service_error(error: BaseException, request_id: str | None = None, *, pool_replaced: bool = False) -> ApiError:
+    """The answer to a request the service failed. A coordinator it was using died with the sampling
+    pool that owns it (its node was lost, and Serve starts another pool: `pool_replaced`) is a 503
+    saying to retry, with `Retry-After`, since a retry reaches the new pool; anything else (a
+    coordinator dead for good while its pool lives, a bug) a 500 carrying only an error id
+    (`internal_error`): a retry would not help."""
+    if pool_replaced and isinstance(error, RayActorError):
+        log.warning("request %s: lost its sampling pool (%s); answered 503, retry", request_id or "-", type(error).__name__)
         return ApiError(503, POOL_LOST, None, "server_error", {"Retry-After": str(RETRY_AFTER_S)})
     return internal_error(error, request_id)

@@ -64,6 +64,14 @@ def served_model_name(config: JobConfig) -> str:
     return config.serve.model_name or config.engine.model_name
 
 
+# how long a failed request waits for the pool to name its coordinators (service_error's 503 or 500)
+POOL_ANSWER_TIMEOUT_S = 10.0
+
+
+def _actor_ids(shards: CoordinatorShards) -> list[object]:
+    return [getattr(handle, "_actor_id", id(handle)) for handle in shards.handles]
+
+
 class PrestoIngress:
     """One ingress replica. `config`: the JobConfig as JSON (what Serve passes); `pool`: the
     SamplingPool deployment's handle."""
@@ -105,8 +113,7 @@ class PrestoIngress:
             disconnects, pending = await asyncio.gather(self.pool.disconnects.remote(), self.pool.pending_replicas.remote())
             return stats_response(snapshot, client_disconnects=disconnects, pending_replicas=pending)
         except Exception as e:  # the coordinator is restarting: no internals in the answer
-            self._forget_dead_pool(e)
-            return error_response(service_error(e))
+            return error_response(await self._failure(e))
 
     async def completion(self, request: Request, chat: bool) -> BaseModel | Response:
         try:
@@ -119,13 +126,28 @@ class PrestoIngress:
             if client_left(e):  # the client left; its calls were cancelled on the way out
                 self.disconnects.report(None, "before its answer")
                 raise asyncio.CancelledError from None
-            self._forget_dead_pool(e)
-            return error_response(service_error(e))
+            return error_response(await self._failure(e))
 
     # --- one request -------------------------------------------------------------------------
     def _forget_dead_pool(self, error: BaseException) -> None:
         if isinstance(error, RayActorError):  # the pool may have been restarted with new actors
             self._coordinators = None
+
+    async def _failure(self, error: BaseException, request_id: str | None = None) -> ApiError:
+        """What a failed request is answered (service_error): whether the pool was replaced is
+        read off the pool's coordinators now. New ones, or none answering within
+        POOL_ANSWER_TIMEOUT_S (Serve is starting the pool again): a retry reaches the new pool.
+        The same ones: a coordinator died for good while its pool lives."""
+        held = self._coordinators
+        self._forget_dead_pool(error)
+        replaced = False
+        if isinstance(error, RayActorError) and held is not None:
+            try:
+                fresh = await asyncio.wait_for(self.coordinators(), POOL_ANSWER_TIMEOUT_S)
+                replaced = _actor_ids(fresh) != _actor_ids(held)
+            except Exception:
+                replaced = True
+        return service_error(error, request_id, pool_replaced=replaced)
 
     async def _answer(self, request: Request, chat: bool) -> BaseModel | Response:
         try:
@@ -165,8 +187,7 @@ class PrestoIngress:
             if not isinstance(e, Exception):
                 raise
             # an engine failure: this request fails, the service keeps serving
-            self._forget_dead_pool(e)
-            return error_response(service_error(e, prepared.id))
+            return error_response(await self._failure(e, prepared.id))
         return completion_response(prepared, [self._choice(prepared, i, r) for i, r in enumerate(results)])
 
     async def _stream(self, coordinator: CoordinatorHandle, prepared: Prepared, chains: list[Chain], ids: list[ChainId]) -> AsyncIterator[str]:
@@ -186,7 +207,7 @@ class PrestoIngress:
                 if client_left(e):  # the stream was closed: its client left, nobody reads this event
                     left.append(i)
                     return
-                await events.put(service_error(e, prepared.id).response())
+                await events.put((await self._failure(e, prepared.id)).response())
             finally:
                 await events.put(None)  # this chain is over
 

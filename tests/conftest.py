@@ -7,6 +7,8 @@ import pytest
 # Test helpers (the exact-law reference) live beside the tests.
 sys.path.insert(0, os.path.dirname(__file__))
 
+import worker_groups  # noqa: E402
+
 
 def vllm_available() -> bool:
     return importlib.util.find_spec("vllm") is not None
@@ -128,3 +130,17 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.multinode)
         if used & VLLM_FIXTURES:
             item.add_marker(pytest.mark.vllm)
+    worker_groups.record(items)
+
+
+# --- `make test`'s two workers (pytest-xdist): which tests stay together (tests/worker_groups.py) --
+def pytest_configure(config):
+    worker_groups.start(config)
+
+
+def pytest_unconfigure(config):
+    worker_groups.stop(config)
+
+
+def pytest_xdist_make_scheduler(config, log):
+    return worker_groups.make_scheduler(config, log)
