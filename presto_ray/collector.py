@@ -3,7 +3,7 @@ in process, actors/chain_driver.py over Ray) run their loops inside `collecting_
 
 Python's cyclic collector runs a young-generation pass every 700 net container allocations and a
 full pass over every live object every 100 of those. A streaming chain keeps thousands of plan
-nodes alive (presto_ray/plan_tree.py's PlanCache) and allocates more at every event, so with many
+nodes alive (presto_ray/plan_cache.py's PlanCache) and allocates more at every event, so with many
 chains the full passes dominate: on the toy (16 chains, configs/toy.yaml's sampler, CPU time, load
 7-13 on 2 cores, one run each) the run took 19.9 and 22.3 s with Python's defaults (22 full
 passes) and 15.1 s with these thresholds (2). What a chain drops while it runs is freed by

@@ -17,7 +17,8 @@ from presto_ray.early_rejection import RejectionBound
 from presto_ray.engines.base import ProposalRequest
 from presto_ray.kernels import EntropyCut
 from presto_ray.keys import extension_seed, step_keys, try_seed
-from presto_ray.plan_tree import PlanCache, PlanRules, PlanTree, ProposalKnowledge, RequestKey, StoppedEarly
+from presto_ray.plan_cache import PlanCache
+from presto_ray.plan_tree import PlanRules, PlanTree, ProposalKnowledge, RequestKey, StoppedEarly
 from presto_ray.predictor import EdgePredictor
 from presto_ray.selection import select_breadth_first, select_max_expected
 

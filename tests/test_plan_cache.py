@@ -10,7 +10,8 @@ from presto_ray import SamplerConfig
 from presto_ray.chain import Chain
 from presto_ray.driver import run_chain
 from presto_ray.engines.toy import ToyEngine
-from presto_ray.plan_tree import PlanCache, PlanTree, build_plan_tree
+from presto_ray.plan_cache import PlanCache, build_plan_tree
+from presto_ray.plan_tree import PlanTree
 from presto_ray.planner import Planner
 from identity_helpers import CONFIG_FIELDS, engines
 
@@ -98,15 +99,15 @@ def test_a_long_streaming_chain_plans_incrementally_and_exactly(checked_trees, f
 def test_a_cache_that_outgrows_its_trees_starts_afresh(checked_trees, monkeypatch):
     """Superseded knowledge leaves nodes no tree reaches: past the limit the cache starts over,
     and its trees stay the trees from nothing."""
-    import presto_ray.plan_tree as plan_tree
+    import presto_ray.plan_cache as plan_cache
 
     engine = ToyEngine(vocab_size=64, eos_token_id=0, seed=1, logit_scale=4.0, eos_bias=-3.0)
     config = SamplerConfig(block_size=24, num_blocks=1, mh_steps=10, prefetch_budget=12, seed=2, refit_predictor=False)
     reference = Chain([5, 6, 7], config, engine.eos_token_id)
     run_chain(engine, reference)
 
-    monkeypatch.setattr(plan_tree, "MIN_STORED_NODES", 0)
-    monkeypatch.setattr(plan_tree, "MAX_STORED_PER_TREE_NODE", 1)
+    monkeypatch.setattr(plan_cache, "MIN_STORED_NODES", 0)
+    monkeypatch.setattr(plan_cache, "MAX_STORED_PER_TREE_NODE", 1)
     afresh = []
     real_sync = PlanCache._sync
 

@@ -1,0 +1,488 @@
+"""The planning trees of a streaming chain, kept and updated across its events (`PlanCache`), and
+a tree built from nothing (`build_plan_tree`: a fresh cache's tree). The tree's rules are
+presto_ray/plan_tree.py.
+
+Incremental (`PlanCache`): a streaming chain plans at every event, and an event changes the
+knowledge of one request, or moves the root one step down the tree. A node is a pure function of
+(its event, its facts, the knowledge of its own request, whether it is in the root's state), so
+the cache keeps one node object per (event, facts) across trees, re-expands only the nodes whose
+request's knowledge changed since they were expanded, and a tree is a walk over the kept nodes
+from the root, level by level, that dresses each node as this tree sees it (levels past the
+keyed-depth limit are dead). The trees are exactly the ones a build from nothing gives:
+tests/test_plan_cache.py compares them node for node at every event.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from presto_ray.selection import PlanNode
+from presto_ray.schedule import Event, Schedule
+from presto_ray.plan_tree import TokenRun, _Facts, PlanTree, _Expansion, PlanRules, RequestKey, ProposalKnowledge, StoppedEarly, MAX_PLAN_DEPTH
+
+
+_UNDRESSED, _AS_EXPANDED, _AS_DEAD = 0, 1, 2
+
+
+class _CachedNode(PlanNode):
+    """A plan node the cache keeps across trees, with what made it."""
+
+    __slots__ = ("event", "facts", "expansion", "branch_nodes", "stale", "read_root", "look", "root_of", "at_root", "walk", "parents")
+
+    def __init__(self, event: Event, facts: _Facts) -> None:
+        # PlanNode's fields at their defaults, set here: its generated __init__ costs a call per node
+        self.depth, self.key, self.free, self.pending, self.value, self.cost, self.children = 0, None, False, False, 1.0, 1, []
+        self.event = event
+        self.facts = facts
+        self.expansion: _Expansion | None = None
+        self.branch_nodes: list[tuple[PlanNode, float]] = []
+        self.stale = True  # not expanded with the current knowledge
+        self.read_root = False  # expanded as a node in the root's state
+        self.look = _UNDRESSED
+        self.root_of: _Facts | None = None  # the root `at_root` was found for
+        self.at_root = False  # its facts are that root's
+        self.walk = -1  # the walk whose `parents` count is valid
+        self.parents = 0  # branches of that walk's tree that lead to this node (0: not in it)
+
+
+_NO_KNOWLEDGE: dict = {}
+
+
+# A cache holding more nodes than this many times its last tree's (superseded knowledge leaves
+# nodes no tree reaches again) starts afresh: memory stays bounded on long chains.
+MAX_STORED_PER_TREE_NODE = 8
+MIN_STORED_NODES = 4096
+
+
+def _bump(counts: dict, key: object, sign: int) -> None:
+    count = counts.get(key, 0) + sign
+    if count:
+        counts[key] = count
+    else:
+        del counts[key]
+
+
+class PlanCache:
+    """The nodes of a chain's trees, by (event index, facts), kept while what they read stays:
+    `version` (the predictor's fits), `depends_on` (compared by identity: the state, when cuts
+    depend on more than its length), the deepest plannable event, and the knowledge of each
+    node's own request (changed knowledge re-expands the nodes that read it). Nodes of events
+    the walk has passed are dropped as it moves.
+
+    The last tree is kept as counts: how many of its branches lead to each node (a node is in it
+    while some do), its nodes per depth, and how many of its nodes need each key, are forks, are
+    in the root's state, wait for each fork point. A tree from the same root is that tree updated
+    where knowledge changed: a re-expanded node's new children are counted in (a node that enters
+    is expanded and dressed, and counts its own children in), its old ones out (a node no branch
+    leads to leaves, and counts its children out). The keyed-depth limit is global: an update
+    that would move it walks the whole tree again instead."""
+
+    def __init__(self) -> None:
+        self._version: tuple[int, object, int] | None = None
+        self._event_index = 0
+        self._nodes: dict[int, dict[_Facts, _CachedNode]] = {}  # event index -> facts -> node
+        self._readers: dict[RequestKey, set[_CachedNode]] = {}  # request -> nodes that need it (read whether it runs or ended)
+        # request -> pending nodes waiting for its tokens -> the token count each waits for
+        self._source_readers: dict[RequestKey, dict[_CachedNode, int]] = {}
+        self._sourced: dict[RequestKey, list[_CachedNode]] = {}  # request -> the nodes whose facts name it as their source
+        self._events: dict[int, Event] = {}
+        self._proposal: dict[RequestKey, tuple[tuple[int, ...], bool]] = {}
+        self._stopped: frozenset[RequestKey] = frozenset()
+        self._stored = 0  # nodes created since the cache last started afresh
+        self._root_tokens: tuple[object, TokenRun] = (None, TokenRun(()))  # the state's tokens, as a TokenRun
+        self._last_tree_nodes = 0
+        self._newly_stale: list[_CachedNode] = []
+        # the last tree, as counts (see the class's docstring); `_walk` stamps the nodes' counts
+        self._walk = 0
+        self._walked: tuple[object, ...] | None = None  # (root, rules, max_keyed_depth, max_depth) of the last tree
+        self._last_depth = -1  # the deepest depth whose nodes are expanded; the next one's are dead
+        self._level_nodes: list[int] = []
+        self._level_keyed: list[int] = []
+        self._key_nodes: dict[RequestKey, int] = {}
+        self._fork_nodes: dict[RequestKey, int] = {}
+        self._root_state_nodes: dict[RequestKey, int] = {}
+        self._fork_needs: dict[RequestKey, dict[int, int]] = {}  # source -> token count -> nodes
+        self._free_nodes = 0
+        self._root_facts: _Facts | None = None
+        self._rules: PlanRules | None = None
+        self._last_event = 0
+
+    def _sync(self, event_index: int, version: tuple[int, object, int]) -> bool:
+        """Drop what the new version or event index invalidates; True: started afresh."""
+        old = self._version
+        too_many = self._stored > max(MIN_STORED_NODES, MAX_STORED_PER_TREE_NODE * self._last_tree_nodes)
+        afresh = False
+        if old is None or old[0] != version[0] or old[1] is not version[1] or old[2] != version[2] or too_many:
+            self._version, self._nodes, self._readers, self._events, self._stored = version, {}, {}, {}, 0
+            self._source_readers, self._sourced = {}, {}
+            self._proposal, self._stopped = {}, frozenset()  # no node read them
+            self._walked, afresh = None, True
+        elif event_index != self._event_index:
+            for passed in [e for e in self._nodes if e < event_index]:
+                del self._nodes[passed]
+            for key in [key for key in self._readers if key[0] < event_index]:
+                del self._readers[key]
+            for key in [key for key in self._source_readers if key[0] < event_index]:
+                del self._source_readers[key]
+            for key in [key for key in self._sourced if key[0] < event_index]:
+                del self._sourced[key]
+        self._event_index = event_index
+        return afresh
+
+    def _learn(self, proposal: ProposalKnowledge | None, stopped_early: StoppedEarly | None) -> None:
+        """Mark stale the nodes whose request's knowledge changed since the last tree."""
+        now = dict(proposal) if proposal else {}
+        stopped = frozenset(stopped_early) if stopped_early else frozenset()
+        before = self._proposal
+        # a proposal that only grew changes nothing for the nodes that need it (their accept
+        # child names it as its source), only for the pending nodes waiting for its tokens
+        grown = []
+        changed = []
+        for key, info in now.items():
+            old = before.get(key)
+            if old != info:
+                if old is not None and not old[1] and not info[1] and info[0][: len(old[0])] == old[0]:
+                    grown.append(key)
+                else:
+                    changed.append(key)
+                    if old is not None and not old[1]:
+                        self._forget_source(key)
+        for key in before:
+            if key not in now:
+                changed.append(key)
+                if not before[key][1]:
+                    self._forget_source(key)
+        changed += list(stopped ^ self._stopped)
+        newly_stale = self._newly_stale
+        readers, source_readers = self._readers, self._source_readers
+        for key in changed:
+            for node in readers.get(key, ()):
+                if not node.stale:
+                    node.stale = True
+                    newly_stale.append(node)
+        for key in changed:
+            for node in source_readers.get(key, ()):
+                if not node.stale:
+                    node.stale = True
+                    newly_stale.append(node)
+        for key in grown:  # a pending node whose tokens are not there yet stays as it is
+            waiting = source_readers.get(key)
+            if waiting:
+                count = len(now[key][0])
+                for node, needed in waiting.items():
+                    if needed <= count and not node.stale:
+                        node.stale = True
+                        newly_stale.append(node)
+        self._proposal, self._stopped = now, stopped
+
+    def _forget_source(self, key: RequestKey) -> None:
+        """`key` no longer runs (or its tokens are not the ones its nodes read): the nodes that
+        name it as their source are dropped, so that no later tree finds them (the nodes that
+        need `key` are stale: no tree reaches these through them again)."""
+        for node in self._sourced.pop(key, ()):
+            level = self._nodes.get(node.event.index)
+            if level is not None and level.get(node.facts) is node:
+                del level[node.facts]
+
+    def _node(self, event_index: int, facts: _Facts, schedule: Schedule) -> _CachedNode:
+        level = self._nodes.get(event_index)
+        if level is None:
+            level = self._nodes[event_index] = {}
+        node = level.get(facts)
+        if node is None:
+            event = self._events.get(event_index)
+            if event is None:
+                event = self._events[event_index] = schedule.event(event_index)
+            node = level[facts] = _CachedNode(event, facts)
+            self._stored += 1
+            if facts.source is not None:
+                sourced = self._sourced.get(facts.source)
+                if sourced is None:
+                    sourced = self._sourced[facts.source] = []
+                sourced.append(node)
+        return node
+
+    def _expand(self, node: _CachedNode, rules: PlanRules, last_event: int, at_root: bool) -> None:
+        event = node.event
+        expansion = rules.expand(event, node.facts, event.index >= last_event, at_root, self._proposal, self._stopped)
+        node.expansion, node.stale, node.read_root, node.look = expansion, False, at_root, _UNDRESSED
+        if expansion is None:
+            node.branch_nodes = []
+            return
+        if expansion.key is not None:
+            self._readers.setdefault(expansion.key, set()).add(node)
+        elif expansion.pending:
+            source, needed = expansion.fork  # type: ignore[misc]
+            self._source_readers.setdefault(source, {})[node] = needed
+        below = self._nodes.get(event.index + 1)
+        branch_nodes: list[tuple[PlanNode, float]] = []
+        for child, p in expansion.branches:
+            found = below.get(child) if below is not None else None
+            branch_nodes.append((found if found is not None else self._node(event.index + 1, child, rules.schedule), p))
+            below = self._nodes[event.index + 1]
+        node.branch_nodes = branch_nodes
+
+    def tree(
+        self,
+        tokens: tuple[int, ...],
+        event_index: int,
+        rules: PlanRules,
+        *,
+        version: int,
+        depends_on: object = None,
+        max_keyed_depth: int,
+        proposal: ProposalKnowledge | None = None,
+        stopped_early: StoppedEarly | None = None,
+    ) -> PlanTree:
+        """The DAG of future events from the realized state `tokens` at event `event_index`
+        (see `build_plan_tree`). `version` must change whenever `rules`' branch law does, and
+        `depends_on` be another object whenever its cut law does."""
+        schedule = rules.schedule
+        max_depth = min(MAX_PLAN_DEPTH, schedule.num_events - event_index)
+        last_event = event_index + max_depth - 1
+        afresh = self._sync(event_index, (version, depends_on, last_event))
+        self._learn(proposal, stopped_early)
+        if tokens is not self._root_tokens[0]:
+            self._root_tokens = (tokens, TokenRun(tuple(tokens)))
+        root = self._node(event_index, _Facts(self._root_tokens[1], len(tokens), True), schedule)
+        shape = (root, rules, max_keyed_depth, max_depth)
+        walked, self._walked = self._walked, shape
+        stale, self._newly_stale = self._newly_stale, []
+        self._rules, self._last_event = rules, last_event
+        if afresh or walked != shape or not self._update(stale, max_keyed_depth, max_depth):
+            self._walk_all(root, rules, last_event, max_keyed_depth, max_depth)
+        nodes = sum(self._level_nodes)
+        self._last_tree_nodes = nodes
+        fork_needs = self._fork_needs
+        return PlanTree(
+            root,
+            set(self._key_nodes),
+            {source: min(fork_needs[source]) for source in sorted(fork_needs)},
+            set(self._fork_nodes),
+            set(self._root_state_nodes),
+            1.0 if nodes > self._free_nodes else 0.0,
+        )
+
+    # --- the whole tree, level by level ----------------------------------------------------
+    def _walk_all(self, root: _CachedNode, rules: PlanRules, last_event: int, max_keyed_depth: int, max_depth: int) -> None:
+        self._walk += 1
+        walk = self._walk
+        root_facts = root.facts
+        self._root_facts = root_facts
+        root_known = root_facts.known
+        key_nodes: dict[RequestKey, int] = {}
+        fork_nodes: dict[RequestKey, int] = {}
+        root_state_nodes: dict[RequestKey, int] = {}
+        fork_needs: dict[RequestKey, dict[int, int]] = {}
+        level_nodes = [0] * (max_depth + 2)
+        level_keyed = [0] * (max_depth + 2)
+        requests_per_step = rules.requests_per_step
+        root.walk, root.parents = walk, 1
+        level: list[_CachedNode] = [root]
+        keyed_depths = 0
+        free_nodes = 0
+        depth = 0
+        while depth < max_depth and level and keyed_depths < max_keyed_depth:
+            following: list[_CachedNode] = []
+            keyed = 0
+            level_nodes[depth] = len(level)
+            for node in level:
+                node.depth = depth
+                facts = node.facts
+                if node.root_of is not root_facts:  # compared once per root
+                    node.root_of = root_facts
+                    node.at_root = facts is root_facts or (facts.whole_known and facts.known == root_known)
+                at_root = node.at_root
+                if node.stale or node.read_root is not at_root:
+                    self._expand(node, rules, last_event, at_root)
+                expansion = node.expansion
+                if expansion is None:
+                    _dress_dead(node)
+                    continue
+                key = expansion.key
+                if node.look != _AS_EXPANDED:
+                    node.key, node.free, node.pending = key, expansion.free, expansion.pending
+                    node.value = 0.0 if expansion.free else 1.0
+                    node.cost = requests_per_step if key is not None and not node.event.is_extension else 1
+                    node.children = node.branch_nodes
+                    node.look = _AS_EXPANDED
+                if expansion.free:
+                    free_nodes += 1
+                if expansion.pending:
+                    source, needed = expansion.fork  # type: ignore[misc]
+                    needs = fork_needs.get(source)
+                    if needs is None:
+                        needs = fork_needs[source] = {}
+                    needs[needed] = needs.get(needed, 0) + 1
+                if key is not None:
+                    if expansion.is_fork:
+                        fork_nodes[key] = fork_nodes.get(key, 0) + 1
+                    key_nodes[key] = key_nodes.get(key, 0) + 1
+                    if at_root:
+                        root_state_nodes[key] = root_state_nodes.get(key, 0) + 1
+                    keyed += 1
+                for child, _ in node.branch_nodes:
+                    if child.walk != walk:  # type: ignore[attr-defined]
+                        child.walk, child.parents = walk, 1  # type: ignore[attr-defined]
+                        following.append(child)  # type: ignore[arg-type]
+                    else:
+                        child.parents += 1  # type: ignore[attr-defined]
+            level_keyed[depth] = keyed
+            keyed_depths += keyed > 0
+            level = following
+            depth += 1
+        self._last_depth = depth - 1
+        level_nodes[depth] = len(level)
+        for node in level:  # past the keyed-depth limit: dead in this tree
+            node.depth = depth
+            _dress_dead(node)
+        self._level_nodes, self._level_keyed = level_nodes, level_keyed
+        self._key_nodes, self._fork_nodes, self._root_state_nodes, self._fork_needs = key_nodes, fork_nodes, root_state_nodes, fork_needs
+        self._free_nodes = free_nodes
+
+    # --- the last tree, updated where knowledge changed -------------------------------------
+    def _update(self, stale: list[_CachedNode], max_keyed_depth: int, max_depth: int) -> bool:
+        """Bring the last tree's counts up to date with the stale nodes re-expanded; False when
+        the keyed-depth limit moved (the caller walks the whole tree)."""
+        walk = self._walk
+        last_depth = self._last_depth
+        in_tree = [node for node in stale if node.walk == walk and node.parents > 0 and node.depth <= last_depth]
+        if in_tree:
+            in_tree.sort(key=_depth_of)
+            for node in in_tree:
+                if node.stale and node.parents > 0:  # not left, nor re-entered, since
+                    self._reexpand(node)
+        # where the limit now falls: the walk processes a depth while fewer than max_keyed_depth
+        # depths above it have keys
+        level_nodes, level_keyed = self._level_nodes, self._level_keyed
+        keyed_depths, depth = 0, 0
+        while depth < max_depth and level_nodes[depth] and keyed_depths < max_keyed_depth:
+            keyed_depths += level_keyed[depth] > 0
+            depth += 1
+        return depth - 1 == last_depth
+
+    def _count(self, node: _CachedNode, sign: int) -> None:
+        """Count an expanded node of the tree in (+1) or out (-1)."""
+        expansion = node.expansion
+        assert expansion is not None
+        if expansion.free:
+            self._free_nodes += sign
+        if expansion.pending:
+            source, needed = expansion.fork  # type: ignore[misc]
+            needs = self._fork_needs.get(source)
+            if needs is None:
+                needs = self._fork_needs[source] = {}
+            _bump(needs, needed, sign)
+            if not needs:
+                del self._fork_needs[source]
+        key = expansion.key
+        if key is not None:
+            self._level_keyed[node.depth] += sign
+            _bump(self._key_nodes, key, sign)
+            if expansion.is_fork:
+                _bump(self._fork_nodes, key, sign)
+            if node.at_root:
+                _bump(self._root_state_nodes, key, sign)
+
+    def _dress(self, node: _CachedNode) -> None:
+        expansion = node.expansion
+        assert expansion is not None
+        if node.look != _AS_EXPANDED:
+            key = expansion.key
+            node.key, node.free, node.pending = key, expansion.free, expansion.pending
+            node.value = 0.0 if expansion.free else 1.0
+            node.cost = self._rules.requests_per_step if key is not None and not node.event.is_extension else 1  # type: ignore[union-attr]
+            node.children = node.branch_nodes
+            node.look = _AS_EXPANDED
+
+    def _reexpand(self, node: _CachedNode) -> None:
+        old = node.branch_nodes if node.expansion is not None else []
+        if node.expansion is not None:
+            self._count(node, -1)
+        self._expand(node, self._rules, self._last_event, node.at_root)  # type: ignore[arg-type]
+        if node.expansion is None:
+            _dress_dead(node)
+        else:
+            self._dress(node)
+            self._count(node, 1)
+            for child, _ in node.branch_nodes:
+                self._enter(child, node.depth + 1)  # type: ignore[arg-type]
+        for child, _ in old:
+            self._leave(child)  # type: ignore[arg-type]
+
+    def _enter(self, node: _CachedNode, depth: int) -> None:
+        """One more branch of the tree leads to `node`."""
+        if node.walk != self._walk:
+            node.walk, node.parents = self._walk, 0
+        node.parents += 1
+        if node.parents > 1:
+            return
+        node.depth = depth
+        self._level_nodes[depth] += 1
+        if depth > self._last_depth:
+            _dress_dead(node)
+            return
+        root_facts = self._root_facts
+        if node.root_of is not root_facts:
+            node.root_of = root_facts
+            facts = node.facts
+            node.at_root = facts is root_facts or (facts.whole_known and facts.known == root_facts.known)  # type: ignore[union-attr]
+        if node.stale or node.read_root is not node.at_root:
+            self._expand(node, self._rules, self._last_event, node.at_root)  # type: ignore[arg-type]
+        if node.expansion is None:
+            _dress_dead(node)
+            return
+        self._dress(node)
+        self._count(node, 1)
+        for child, _ in node.branch_nodes:
+            self._enter(child, depth + 1)  # type: ignore[arg-type]
+
+    def _leave(self, node: _CachedNode) -> None:
+        """One branch fewer of the tree leads to `node`."""
+        node.parents -= 1
+        if node.parents:
+            return
+        depth = node.depth
+        self._level_nodes[depth] -= 1
+        if depth > self._last_depth or node.expansion is None:
+            return
+        self._count(node, -1)
+        for child, _ in node.branch_nodes:
+            self._leave(child)  # type: ignore[arg-type]
+
+
+def _depth_of(node: _CachedNode) -> int:
+    return node.depth
+
+
+def _dress_dead(node: _CachedNode) -> None:
+    if node.look != _AS_DEAD:
+        node.key, node.free, node.pending, node.value, node.cost, node.children = None, False, False, 1.0, 1, []
+        node.look = _AS_DEAD
+
+
+def build_plan_tree(
+    tokens: tuple[int, ...],
+    event_index: int,
+    schedule: Schedule,
+    *,
+    fixed_length: bool,
+    stop_at_eos: bool,
+    eos_token_id: int | None,
+    cut_for: Callable[[int, int], int | None],
+    accept_branch_probability: Callable[[int, float], float],
+    max_keyed_depth: int,
+    requests_per_step: int = 1,
+    proposal: ProposalKnowledge | None = None,
+    stopped_early: StoppedEarly | None = None,
+) -> PlanTree:
+    """The DAG of future events from the realized state `tokens` at event `event_index`, built
+    from nothing (a `PlanCache` gives the same trees, reusing their nodes).
+
+    `proposal[key]` tells what is known of a request's proposal (streaming); without it nothing
+    below an accept edge is.
+    """
+    rules = PlanRules(schedule, fixed_length, stop_at_eos, eos_token_id, cut_for, accept_branch_probability, requests_per_step)
+    return PlanCache().tree(
+        tokens, event_index, rules, version=0, max_keyed_depth=max_keyed_depth, proposal=proposal, stopped_early=stopped_early
+    )
