@@ -108,12 +108,14 @@ class PrestoIngress:
         return models_body(self.model_name)
 
     async def stats(self) -> BaseModel | JSONResponse:
+        shards: CoordinatorShards | None = None
         try:
-            snapshot = await (await self.coordinators()).snapshot()
+            shards = await self.coordinators()
+            snapshot = await shards.snapshot()
             disconnects, pending = await asyncio.gather(self.pool.disconnects.remote(), self.pool.pending_replicas.remote())
             return stats_response(snapshot, client_disconnects=disconnects, pending_replicas=pending)
         except Exception as e:  # the coordinator is restarting: no internals in the answer
-            return error_response(await self._failure(e))
+            return error_response(await self._failure(e, None, shards))
 
     async def completion(self, request: Request, chat: bool) -> BaseModel | Response:
         try:
@@ -126,27 +128,26 @@ class PrestoIngress:
             if client_left(e):  # the client left; its calls were cancelled on the way out
                 self.disconnects.report(None, "before its answer")
                 raise asyncio.CancelledError from None
-            return error_response(await self._failure(e))
+            return error_response(await self._failure(e, None, None))
 
     # --- one request -------------------------------------------------------------------------
-    def _forget_dead_pool(self, error: BaseException) -> None:
-        if isinstance(error, RayActorError):  # the pool may have been restarted with new actors
+    async def _failure(self, error: BaseException, request_id: str | None, used: CoordinatorShards | None) -> ApiError:
+        """What a failed request is answered (service_error). `used`: the coordinators the request
+        was given (None: it failed before it had any). Whether their pool was replaced is read off
+        the coordinators the pool names now: new ones, or none answering within
+        POOL_ANSWER_TIMEOUT_S (Serve is starting the pool again), and a retry reaches the new pool;
+        the same ones, and a coordinator died for good while its pool lives. Each request compares
+        its own coordinators, so many requests failing at once all get the same answer."""
+        if not isinstance(error, RayActorError):
+            return service_error(error, request_id)
+        if self._coordinators is used:  # the first to fail asks the pool again; the rest reuse its answer
             self._coordinators = None
-
-    async def _failure(self, error: BaseException, request_id: str | None = None) -> ApiError:
-        """What a failed request is answered (service_error): whether the pool was replaced is
-        read off the pool's coordinators now. New ones, or none answering within
-        POOL_ANSWER_TIMEOUT_S (Serve is starting the pool again): a retry reaches the new pool.
-        The same ones: a coordinator died for good while its pool lives."""
-        held = self._coordinators
-        self._forget_dead_pool(error)
         replaced = False
-        if isinstance(error, RayActorError) and held is not None:
-            try:
-                fresh = await asyncio.wait_for(self.coordinators(), POOL_ANSWER_TIMEOUT_S)
-                replaced = _actor_ids(fresh) != _actor_ids(held)
-            except Exception:
-                replaced = True
+        try:
+            fresh = await asyncio.wait_for(self.coordinators(), POOL_ANSWER_TIMEOUT_S)
+            replaced = used is not None and _actor_ids(fresh) != _actor_ids(used)
+        except Exception:
+            replaced = True
         return service_error(error, request_id, pool_replaced=replaced)
 
     async def _answer(self, request: Request, chat: bool) -> BaseModel | Response:
@@ -165,14 +166,15 @@ class PrestoIngress:
             )
         except ApiError as e:
             return error_response(e)
-        coordinator: CoordinatorHandle = (await self.coordinators()).for_prompt(prepared.prompt_ids)
+        shards = await self.coordinators()
+        coordinator: CoordinatorHandle = shards.for_prompt(prepared.prompt_ids)
         chains = [Chain(prepared.prompt_ids, config, self.tokenizer.eos_token_id) for config in prepared.configs]
         # not pre-registered with the coordinator (as batch jobs do): a request cancelled before its
         # chains start would leave them holding rounds back until chain_idle_timeout_s; the n
         # chains' first plans arrive together anyway
         ids = [(prepared.id, i) for i in range(len(chains))]
         if prepared.stream:
-            return StreamingResponse(self._stream(coordinator, prepared, chains, ids), media_type="text/event-stream")
+            return StreamingResponse(self._stream(shards, prepared, chains, ids), media_type="text/event-stream")
         tasks = [asyncio.create_task(drive_chain(coordinator, cid, c)) for cid, c in zip(ids, chains)]
         try:
             results = await asyncio.gather(*tasks)
@@ -187,12 +189,13 @@ class PrestoIngress:
             if not isinstance(e, Exception):
                 raise
             # an engine failure: this request fails, the service keeps serving
-            return error_response(await self._failure(e, prepared.id))
+            return error_response(await self._failure(e, prepared.id, shards))
         return completion_response(prepared, [self._choice(prepared, i, r) for i, r in enumerate(results)])
 
-    async def _stream(self, coordinator: CoordinatorHandle, prepared: Prepared, chains: list[Chain], ids: list[ChainId]) -> AsyncIterator[str]:
+    async def _stream(self, shards: CoordinatorShards, prepared: Prepared, chains: list[Chain], ids: list[ChainId]) -> AsyncIterator[str]:
         """Server-sent events: a progress chunk per round per chain, then each choice's text.
-        `coordinator`: the prompt's coordinator shard."""
+        `shards`: the pool's coordinators when the request came (the prompt's shard runs it)."""
+        coordinator = shards.for_prompt(prepared.prompt_ids)
         events: asyncio.Queue[BaseModel | SampledChoice | None] = asyncio.Queue()
         left = list[int]()  # chains that saw their client leave
 
@@ -207,7 +210,7 @@ class PrestoIngress:
                 if client_left(e):  # the stream was closed: its client left, nobody reads this event
                     left.append(i)
                     return
-                await events.put((await self._failure(e, prepared.id)).response())
+                await events.put((await self._failure(e, prepared.id, shards)).response())
             finally:
                 await events.put(None)  # this chain is over
 
