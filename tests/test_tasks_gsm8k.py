@@ -18,6 +18,12 @@ from presto_ray.tasks.gsm8k import final_number, grade, problem_from_row
         ("12 eggs, minus 3, gives 9", "9"),
         ("#### 7\nthough some might say 8", "7"),  # the marked line wins over a later number
         ("#### -3", "-3"),
+        ("#### -$3", "-3"),
+        ("it costs $ 12", "12"),
+        # a minus with a space after it is subtraction, not a sign: the number is 5, not -5
+        ("the answer is 10 - 5", "5"),
+        ("#### 10 - 5", "10"),
+        ("she ends 3 short: 10 -5", "-5"),  # a sign touching its digits stays a sign
         ("no digits", None),
         ("", None),
     ],

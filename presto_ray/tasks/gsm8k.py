@@ -14,8 +14,9 @@ from presto_ray.tasks.numbers import NumberReader
 
 NAME = "gsm8k"
 INSTRUCTION = "Solve the problem step by step, then give the final answer on its own line as '#### <number>'."
-# money signs and leading-dot decimals are numbers here (the arithmetic task's grammar has neither)
-_NUMBER = r"-?\$?\s?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|-?\.\d+"
+# money signs and leading-dot decimals are numbers here (the arithmetic task's grammar has neither);
+# a space may follow the money sign only: "10 - 5" ends in 5, a subtraction, not in -5
+_NUMBER = r"-?(?:\$\s?)?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|-?\.\d+"
 _READER = NumberReader(_NUMBER, r"####\s*{number}")
 
 
