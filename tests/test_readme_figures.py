@@ -1,0 +1,49 @@
+"""The README's headline wall-clock figures are the ones the benchmarks wrote: each sentence's
+figure is read out of the README and compared with its row in bench/results/, so a rerun that
+changes a figure, or an edit that rounds one differently, fails here until the README says what
+was measured."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+README = " ".join((REPO / "README.md").read_text().split())  # one line: sentences wrap anywhere
+
+
+def _row(results: str, **match: object) -> dict:
+    rows = json.loads((REPO / "bench" / "results" / results).read_text())["rows"]
+    found = [r for r in rows if all(r.get(k) == v for k, v in match.items())]
+    assert len(found) == 1, f"{results}: {len(found)} rows match {match}"
+    return found[0]
+
+
+STREAMING_8_ER = {"sampler": "power_mh", "schedule": "streaming", "budget": 8, "early_rejection": True}
+HEADLINES = [
+    # (the README's words around the figure, the figure's group, results file, row, field)
+    (r"streaming with it gives the serial chain's samples ([\d.]+)x faster than serial PowerMH without it",
+     "vllm_cpu_early_rejection.json", STREAMING_8_ER, "speedup_vs_serial_off"),
+    (r"without it, generating ([\d.]+)x serial's tokens", "vllm_cpu_early_rejection.json", STREAMING_8_ER, "tokens_vs_serial_off"),
+    (r"the same setting is ([\d.]+)x, with the same samples", "transformers_cpu_schedules.json", STREAMING_8_ER, "speedup_vs_serial_off"),
+    (r"samples ([\d.]+)x faster than serial PowerMH at a budget of 8", "vllm_cpu_streaming.json",
+     {"schedule": "streaming", "budget": 8}, "speedup_vs_serial"),
+    (r"at a budget of 8 \(([\d.]+)x at 16\)", "vllm_cpu_streaming.json", {"schedule": "streaming", "budget": 16}, "speedup_vs_serial"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("words, results, row, field", HEADLINES, ids=[h[1] + ":" + h[3] for h in HEADLINES])
+def test_the_readme_says_what_the_benchmark_measured(words, results, row, field):
+    said = re.search(words, README)
+    assert said, f"the README no longer says {words!r}: update this test with the sentence"
+    measured = _row(results, **row)[field]
+    assert said.group(1) == f"{measured:.2f}", f"README says {said.group(1)}x, {results} measured {measured:.4f}"
+
+
+def test_every_headline_file_records_same_samples():
+    # a speedup is only a figure if the runs gave serial's samples
+    for _, results, row, _ in HEADLINES:
+        assert _row(results, **row)["same_as_serial"] is True, results
