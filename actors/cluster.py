@@ -28,6 +28,8 @@ from actors.coordinator_shards import CoordinatorShards, shard_replicas
 from actors.coordinator_stats import CoordinatorSnapshot
 from actors.engine_replica import EngineReplica, ReplicaHandle
 from actors.handles import kill_actor
+from actors.node_demands import NodeDemand, coordinator_demand, replica_demand
+from actors.placement_wait import wait_placed
 from actors.replica_autoscaler import ReplicaAutoscaler
 from presto_ray import process_watchdog
 from presto_ray.engines import EngineConfig
@@ -121,7 +123,10 @@ class SamplingCluster:
     `replicas`: running replicas to reuse (the cluster leaves them running at shutdown); None
     starts its own. `coordinators_here`: the coordinators run on this process's node (the Serve
     pool, placed by `ray.placement.coordinator_resources` itself) instead of reserving those
-    resources again. Actor handles are attributes, so tests can kill them mid-job.
+    resources again. `placement_timeout_s`: the start gives up (`NotPlaced`, actors/placement_wait.py:
+    one line naming the part and its settings) once the replicas or the coordinators have had no
+    live node that can hold them for this long, stopping what it started; None: it waits for such
+    a node however long it takes. Actor handles are attributes, so tests can kill them mid-job.
     """
 
     def __init__(
@@ -132,22 +137,34 @@ class SamplingCluster:
         address: str | None = None,
         replicas: Sequence[ReplicaHandle] | None = None,
         coordinators_here: bool = False,
+        placement_timeout_s: float | None = None,
     ) -> None:
         self.engine_spec, self.settings, self.address = engine_spec, settings, address
+        self.placement_timeout_s = placement_timeout_s
         self._owns_replicas = not replicas
         self._placement_group: PlacementGroup | None = None
         self.draining: set[int] = set()  # retired by the autoscaler, still finishing their work
         self.stopped: set[int] = set()  # retired and stopped (their slots stay: indices never move)
         self.pending: dict[int, ray.ObjectRef] = {}  # added, not yet ready: index -> its `ready` call
         self._shut_down = False
-        ensure_ray(address)
-        self.replicas: list[ReplicaHandle] = list(replicas) if replicas else self._start_replicas()
-        n = len(self.replicas)
-        with _without_restart_args_warning():
-            shards = [start_coordinator([self.replicas[i] for i in ids], settings, ids, n, coordinator_placement(settings, coordinators_here))
-                      for ids in shard_replicas(n, settings.coordinator_shards)]  # fmt: skip
-        self.coordinators = CoordinatorShards(shards, settings.affinity_tokens)
         self.autoscaler: ReplicaAutoscaler | None = None
+        self.replicas: list[ReplicaHandle] = list(replicas) if replicas else []
+        self._shards: list[CoordinatorHandle] = []  # started so far (what a failed start stops)
+        ensure_ray(address)
+        try:
+            if not replicas:
+                self._start_replicas()
+            n = len(self.replicas)
+            with _without_restart_args_warning():
+                self._shards = [start_coordinator([self.replicas[i] for i in ids], settings, ids, n, coordinator_placement(settings, coordinators_here))
+                                for ids in shard_replicas(n, settings.coordinator_shards)]  # fmt: skip
+            # placed and answering before any chain calls them (a chain's call would wait for a node)
+            demands = [] if coordinators_here else [coordinator_demand(settings)]
+            self._wait_placed([shard.replica_indices.remote() for shard in self._shards], demands)
+        except BaseException:
+            self.shutdown()
+            raise
+        self.coordinators = CoordinatorShards(self._shards, settings.affinity_tokens)
         if settings.replica_autoscaling is not None and self._owns_replicas:
             self.autoscaler = ReplicaAutoscaler(self, settings.replica_autoscaling).start()
 
@@ -278,7 +295,7 @@ class SamplingCluster:
         if self.autoscaler is not None:
             self.autoscaler.stop()
             self.autoscaler = None
-        for actor in self.coordinators.handles:
+        for actor in self._shards:
             kill_actor(actor)
         if self._owns_replicas:
             for i, replica in enumerate(self.replicas):
@@ -316,9 +333,13 @@ class SamplingCluster:
             options["scheduling_strategy"] = "SPREAD"
         return options
 
-    def _start_replicas(self) -> list[ReplicaHandle]:
+    def _wait_placed(self, refs: Sequence[ray.ObjectRef[Any]], demands: Sequence[NodeDemand]) -> None:
+        wait_placed(refs, demands, self.placement_timeout_s)
+
+    def _start_replicas(self) -> None:
         """The first replica actors (`num_replicas`, or the autoscaler's `min_replicas`), in one
-        placement group when a strategy is configured."""
+        placement group when a strategy is configured; pending until all are ready, so that a
+        start that gives up kills them without asking them to shut down."""
         s = self.settings
         cpus, gpus = s.replica_num_cpus, self.gpus_per_replica
         options = self._replica_options()
@@ -327,9 +348,8 @@ class SamplingCluster:
             bundle = {k: v for k, v in wanted.items() if v > 0} or {"CPU": 0.001}
             group = ray.util.placement_group([bundle] * s.num_replicas, strategy=s.placement_strategy)
             self._placement_group = group
-            ray.get(group.ready())
+            self._wait_placed([group.ready()], [self._replica_demand()])
         remote = ray.remote(EngineReplica)
-        replicas: list[ReplicaHandle] = []
         for i in range(s.initial_replicas):
             opts = dict(options)
             if self._placement_group is not None:
@@ -338,6 +358,11 @@ class SamplingCluster:
                 )
                 if not cpus and not gpus and not s.placement.replica_resources:  # an empty bundle cannot be reserved
                     opts["num_cpus"] = 0.001
-            replicas.append(remote.options(**opts).remote(self.engine_spec, i))
-        ray.get([r.ready.remote() for r in replicas])
-        return replicas
+            replica = remote.options(**opts).remote(self.engine_spec, i)
+            self.replicas.append(replica)
+            self.pending[i] = replica.ready.remote()
+        self._wait_placed(list(self.pending.values()), [self._replica_demand()])
+        self.pending.clear()
+
+    def _replica_demand(self) -> NodeDemand:
+        return replica_demand(self.settings, self.gpus_per_replica)

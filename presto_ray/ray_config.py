@@ -134,10 +134,13 @@ class RayConfig(BaseModel):
     )
     missing_node_timeout_s: float | None = Field(
         600.0, gt=0.0, le=86400.0,
-        description="`sample --ray`: how long the job waits when no live node offers what its stage actors or its "
-        "engine replicas reserve (their nodes were lost and none has joined; on KubeRay a replacement pod ends the "
-        "wait) before it stops with one line naming the resources, keeping the rows written so far (a rerun "
-        "resumes). None: wait for such a node however long it takes.",
+        description="`sample --ray` and `eval --ray`: how long the job waits for a live node offering what a part of "
+        "it reserves before it stops with one line naming the part, the resources and the settings, keeping the rows "
+        "written so far (a rerun resumes). At the start, the engine replicas and the coordinators (the cluster has "
+        "no such node: they are waited for before any row is read); while it runs, the stage actors and the engine "
+        "replicas (their nodes were lost and none has joined; a lost coordinator is bounded by "
+        "coordinator_restart_timeout_s). On KubeRay a replacement pod, or a node the autoscaler adds, ends the wait; "
+        "a node that has the resources but is busy is waited for. None: wait for such a node however long it takes.",
     )
     batch_window_s: float = Field(
         0.1,

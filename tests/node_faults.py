@@ -133,7 +133,10 @@ def run_job(
                 assert job.poll() is None, f"the job ended before the {role} node was lost:\n{log.read_text()}"
                 if previous is not None and _first_commit_after(out, previous.killed_wall) is None:
                     return set()  # the job has not gone on since the previous loss
-                return cluster.nodes_of(ROLE_ACTORS[role]) if len(_committed(out)) >= wanted else set()
+                if len(_committed(out)) < wanted:
+                    return set()
+                # not a node lost before, whose actors the table may still list as alive for a moment
+                return cluster.nodes_of(ROLE_ACTORS[role]) - {loss.node for loss in watch.losses}
 
             try:
                 victim = sorted(wait_for(ready, timeout_s, f"{wanted} committed files and a {role} actor", interval_s=0.05))[0]

@@ -93,3 +93,51 @@ def test_a_job_that_cannot_go_on_stops_in_one_line_and_its_reruns_resume(nodes, 
     rerun = run_job(nodes, tmp_path, items, with_engine(config, call_latency_s=0.0))  # latency is no setting of its samples
     assert rerun.returncode == 0 and f"resumed              {len(stuck.rows)} finished pairs skipped" in rerun.output, rerun.output
     assert_same_samples(rerun.rows, expected)
+
+
+def _with_limit(config, timeout_s: float = MISSING_NODE_TIMEOUT_S):
+    return config.model_copy(update={"ray": config.ray.model_copy(update={"missing_node_timeout_s": timeout_s})})
+
+
+@pytest.mark.parametrize(
+    "part, placement",
+    [
+        # each engine node offers one unit: a replica asking two (as one asking more GPUs than a node has) fits none
+        ("the engine replicas", {"replica_resources": {ENGINE: 2}, "chain_actor_resources": {CHAINS: 1}}),
+        ("the coordinators", {"replica_resources": {ENGINE: 1}, "chain_actor_resources": {CHAINS: 1},
+                              "coordinator_resources": {"presto_no_such_node": 1}}),
+    ],
+)  # fmt: skip
+def test_a_job_whose_replicas_or_coordinators_no_node_can_hold_stops_at_its_start_in_one_line(nodes, tmp_path, part, placement):
+    """The driver's first wait, for the engine replicas and the coordinators, is bounded by
+    `ray.missing_node_timeout_s` (was: waiting forever for a node that can hold them): one line naming
+    the part, the resources and the settings, exit 1, nothing written, nothing of the job left
+    running (its pending actors included)."""
+    items, config = _job(prompts=4, placement=placement)
+    start_limit = 3.0
+    stuck = run_job(nodes, tmp_path, items, _with_limit(config, start_limit), timeout_s=start_limit + 60)
+    print(f"\n{part} with no node to hold them: ended {stuck.wall_s:.1f} s after the driver started")
+    assert stuck.returncode == 1 and len(stuck.lines) == 1 and "Traceback" not in stuck.output, stuck.output
+    assert stuck.lines[0].startswith(f"presto-ray: job failed: cannot place {part}: no live node offers {{"), stuck.lines
+    assert "(ray.missing_node_timeout_s: 3)" in stuck.lines[0] and "ray.placement." in stuck.lines[0], stuck.lines
+    assert stuck.rows == [] and stuck.wall_s >= start_limit
+    wait_for(lambda: not left_running(nodes), 30, "the stopped job's actors to be gone")
+
+
+def test_a_job_that_loses_its_last_engine_node_stops_in_one_line_after_the_limit(nodes, tmp_path):
+    """Both engine nodes lost in turn, none joining: the first loss is failed over (the job commits
+    again on the other replica), the second leaves the replicas nowhere to restart. After
+    `ray.missing_node_timeout_s` the job stops with one line naming the engine replicas' resource
+    (with the limit off it waits for Ray's restart of a replica: the coordinator's 300 s probe),
+    exit 1, the rows written once each, nothing of the job left running."""
+    items, config = _job(prompts=12)
+    stuck = run_job(nodes, tmp_path, items, _with_limit(config), lose=[ENGINE, ENGINE], after_commits=1, replace=False,
+                    timeout_s=MISSING_NODE_TIMEOUT_S + 90)  # fmt: skip
+    print(f"\nthe last engine node lost, none joining: {stuck.summary()}")
+    assert stuck.returncode == 1 and len(stuck.lines) == 1 and "Traceback" not in stuck.output, stuck.output
+    assert stuck.lines[0].startswith("presto-ray: job failed: no live node offers {presto_engine: 1}, which the engine replicas reserve"), stuck.lines
+    assert stuck.lines[0].endswith("the rows written so far are kept; rerun to resume once such a node is back"), stuck.lines
+    pairs = {(r["prompt_id"], r["chain"]) for r in stuck.rows}
+    assert len(pairs) == len(stuck.rows) < 24 and not [r for r in stuck.rows if r["error"]]
+    assert stuck.kill_to_end_s is not None and MISSING_NODE_TIMEOUT_S <= stuck.kill_to_end_s
+    wait_for(lambda: not left_running(nodes), 30, "the stopped job's actors to be gone")

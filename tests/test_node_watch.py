@@ -1,6 +1,6 @@
-"""The job's bound on a part with no node to run on (deployments/node_watch.py): which parts a node
-table can hold, the clock of each missing one, and the one line it stops with. The job on a real
-multi-node cluster: tests/test_multinode_job.py."""
+"""The job's bound on a part with no node to run on (actors/node_demands.py, deployments/node_watch.py,
+actors/placement_wait.py): which parts a node table can hold, the clock of each missing one, and
+the one line each wait stops with. The job on a real multi-node cluster: tests/test_multinode_job.py."""
 
 from __future__ import annotations
 
@@ -9,7 +9,9 @@ import pytest
 pytest.importorskip("ray.data")
 
 from actors.stage_base import JobFailed  # noqa: E402
-from deployments.node_watch import MissingNodes, NodeDemand, job_demands, missing  # noqa: E402
+from actors.node_demands import MissingNodes, NodeDemand, coordinator_demand, missing  # noqa: E402
+from actors.placement_wait import not_placed_message  # noqa: E402
+from deployments.node_watch import JobNodeWatch, job_demands  # noqa: E402
 from presto_ray.ray_config import RayConfig  # noqa: E402
 from ray_helpers import toy_job  # noqa: E402
 
@@ -30,7 +32,7 @@ def test_a_part_is_missing_only_when_no_live_node_offers_all_it_reserves():
 
 
 def test_the_watch_stops_the_job_once_a_part_has_been_missing_for_the_time_limit():
-    watch = MissingNodes([CHAINS, ENGINE], timeout_s=10.0)
+    watch = JobNodeWatch([CHAINS, ENGINE], timeout_s=10.0)
     both = [node(presto_chains=1), node(presto_engine=1, GPU=1)]
     watch.check(0.0, both)
     watch.check(5.0, both[1:])  # the chain node is lost: its clock starts
@@ -53,6 +55,23 @@ def test_a_jobs_demands_are_what_its_stage_actors_and_replicas_reserve():
     assert stage.resources == {"presto_chains": 1} and replicas.resources == {"CPU": 1, "presto_engine": 1}
     _, anywhere = toy_job()
     assert [d.resources for d in job_demands(anywhere)] == [{}, {}]  # the toy reserves no GPU
+
+
+def test_the_clock_names_the_first_part_missing_for_the_limit_and_how_long():
+    clock = MissingNodes([CHAINS, ENGINE], timeout_s=3.0)
+    assert clock.overdue(100.0, []) is None  # both missing from now on
+    assert clock.overdue(102.0, [node(presto_chains=1)]) is None
+    assert clock.overdue(103.5, [node(presto_chains=1)]) == (ENGINE, 3.5)
+
+
+def test_the_start_that_cannot_place_a_part_says_which_and_where_it_is_set():
+    _, job = toy_job(placement={"coordinator_resources": {"presto_coordinator": 1}})
+    assert coordinator_demand(job.ray).resources == {"presto_coordinator": 1}
+    assert not_placed_message(ENGINE, 3.2, 3.0) == (
+        "cannot place the engine replicas: no live node offers {GPU: 1, presto_engine: 1}, which they reserve "
+        "(ray.placement.replica_resources), and none joined for 3 s (ray.missing_node_timeout_s: 3); "
+        "nothing is left running: add such a node or change those settings, then rerun"
+    )
 
 
 def test_the_time_limit_has_a_default_and_can_be_switched_off():
