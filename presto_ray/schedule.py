@@ -27,8 +27,15 @@ class Schedule:
         self._block_size = config.block_size
         self._steps = config.mh_steps
         self.num_events = config.num_blocks * self._per_block
+        self._events: dict[int, Event] = {}  # a planner asks for each event at every tree
 
     def event(self, index: int) -> Event:
+        event = self._events.get(index)
+        if event is None:
+            event = self._events[index] = self._make_event(index)
+        return event
+
+    def _make_event(self, index: int) -> Event:
         block, offset = divmod(index, self._per_block)
         return Event(
             index=index,

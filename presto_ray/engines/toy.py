@@ -25,9 +25,20 @@ _HASH_MULT = 1_000_003
 _HASH_MOD = (1 << 61) - 1
 
 
+# Gumbel noise is drawn for this many tokens at once (a call per token cost more than the draws
+# a request that stops early leaves unused; its generator is its own, so they change nothing).
+_NOISE_ROWS = 16
+
+
 def _log_softmax(z: np.ndarray) -> np.ndarray:
     m = z.max()
     return z - (m + np.log(np.exp(z - m).sum()))
+
+
+def _log_softmax_at(z: np.ndarray, index: int) -> float:
+    """`_log_softmax(z)[index]`, the same float, without the array of the others."""
+    m = z.max()
+    return float(z[index] - (m + np.log(np.exp(z - m).sum())))
 
 
 class ToyEngine:
@@ -126,15 +137,22 @@ class ToyEngine:
         greedy = request.temperature == 0.0  # argmax decoding: q puts all its mass on one token
         inv_tau = 0.0 if greedy else 1.0 / request.temperature
         stop = RequestStop(request.rejection_bounds)
-        for _ in range(request.max_new_tokens):
+        noise = np.empty((0, self.vocab_size))
+        for position in range(request.max_new_tokens):
             z = self._logits(h, last)
             zq = z * inv_tau
-            token = int(np.argmax(z)) if greedy else int(np.argmax(zq + noise_rng.gumbel(size=self.vocab_size)))
+            if greedy:
+                token = int(np.argmax(z))
+            else:
+                row = position % _NOISE_ROWS
+                if row == 0:  # the same draws as one row per token: a Generator fills them in order
+                    noise = noise_rng.gumbel(size=(min(_NOISE_ROWS, request.max_new_tokens - position), self.vocab_size))
+                token = int(np.argmax(zq + noise[row]))
             lp = _log_softmax(z)
             tokens.append(token)
             logp0.append(float(lp[token]))
             entropy.append(float(-(np.exp(lp) * lp).sum()))
-            logq.append(0.0 if greedy else float(_log_softmax(zq)[token]))
+            logq.append(0.0 if greedy else _log_softmax_at(zq, token))
             h, last = self._push(h, token), token
             if request.stop_at_eos and token == self.eos_token_id:
                 finish = "stop"
