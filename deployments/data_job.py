@@ -31,9 +31,10 @@ import errno
 import gc
 import json
 import logging
+import os
 import socket
 import time
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator, Sequence
@@ -47,6 +48,7 @@ from actors.cluster import ensure_ray
 from actors.sampling_stage import PowerSamplingStage
 from actors.stage_base import BadPromptRow, JobFailed, SamplingStage, StageFailure
 from deployments.checkpoint_filter import content_checkpoint_filter
+from deployments.head_watch import HeadWatch
 from deployments.job_folder import CHECKPOINT_DIR, JOB_RECORD, check_job_record, count_rows, data_files, discard_uncommitted, refuse_changed_prompts
 from deployments.job_input import InputSnapshot, filesystem, first_line, join, prompt_input
 from deployments.node_watch import job_demands, node_watch
@@ -234,7 +236,8 @@ def run_data_job(
         timeout = job.ray.missing_node_timeout_s
         watch = [] if timeout is None else [node_watch(job_demands(job), timeout)]
         started = True
-        with _data_context(checkpoint, progress, watch), _stage_failures_as_they_are(), _ray_data_errors() as held:
+        with _head_watch(address, job.ray.head_loss_timeout_s), _data_context(checkpoint, progress, watch), \
+                _stage_failures_as_they_are(), _ray_data_errors() as held:  # fmt: skip
             prompt_rows = snapshot.input.read()  # after the checkpoint config: the read filters done ids
             with build_power_sampling_processor(settings, stage=stage, address=address, replicas=replicas) as processor:
                 failure = None
@@ -281,6 +284,14 @@ def run_data_job(
             lock.release()
     summary.wall_time_s = time.perf_counter() - start
     return summary
+
+
+def _head_watch(address: str | None, timeout_s: float | None) -> AbstractContextManager[object]:
+    """A job on a running cluster (not the local Ray this driver started, whose head is this
+    machine) stops in one line once the head is gone (deployments/head_watch.py)."""
+    if timeout_s is None or not (address or os.environ.get("RAY_ADDRESS")):
+        return nullcontext()
+    return HeadWatch(ray.get_runtime_context().gcs_address, timeout_s)
 
 
 def _own_failure(error: Exception, out: str) -> Exception:

@@ -142,6 +142,15 @@ class RayConfig(BaseModel):
         "coordinator_restart_timeout_s). On KubeRay a replacement pod, or a node the autoscaler adds, ends the wait; "
         "a node that has the resources but is busy is waited for. None: wait for such a node however long it takes.",
     )
+    head_loss_timeout_s: float | None = Field(
+        30.0, gt=0.0, le=3600.0,
+        description="`sample --ray` and `eval --ray` joining a running cluster (--address, RAY_ADDRESS): how long the "
+        "job waits for the cluster's head (its GCS) to answer again before it stops with one line, keeping the rows "
+        "written so far (a rerun on a new cluster resumes). Without GCS fault tolerance the head's loss is the "
+        "cluster's; with it (KubeRay: external Redis) a head back within this limit is waited for. Keep it below "
+        "Ray's gcs_rpc_server_reconnect_timeout_s (60 s), after which Ray ends the driver itself with its own log "
+        "lines. None: leave it to Ray.",
+    )
     batch_window_s: float = Field(
         0.1,
         ge=0.0,
