@@ -73,7 +73,10 @@ class JobRun:
         out = {k: v for k, v in asdict(self).items() if k not in ("output", "rows", "nodes_seen", "losses")}
         out["losses"] = [{k: v for k, v in asdict(loss).items() if k not in ("node", "killed_wall")} for loss in self.losses]
         out["rows_written"] = len(self.rows)
-        out["extra_tokens"] = self.engine_tokens - self.sample_tokens
+        # the engine's token count lives in the coordinator: one restarted under the job counts
+        # only what came after, so the job's extra tokens are unknown then (not negative)
+        coordinator_lost = any(loss.role == COORDINATOR for loss in self.losses)
+        out["extra_tokens"] = None if coordinator_lost else self.engine_tokens - self.sample_tokens
         return out
 
 
