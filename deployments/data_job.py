@@ -289,7 +289,8 @@ def run_data_job(
 def _head_watch(address: str | None, timeout_s: float | None) -> AbstractContextManager[object]:
     """A job on a running cluster (not the local Ray this driver started, whose head is this
     machine) stops in one line once the head is gone (deployments/head_watch.py)."""
-    if timeout_s is None or not (address or os.environ.get("RAY_ADDRESS")):
+    joined = address or os.environ.get("RAY_ADDRESS", "local") not in ("", "local")  # "local": a Ray of its own
+    if timeout_s is None or not joined:
         return nullcontext()
     return HeadWatch(ray.get_runtime_context().gcs_address, timeout_s)
 

@@ -57,3 +57,16 @@ def test_a_head_that_answers_again_before_the_limit_is_waited_for():
         while len(ticks) < 200 and not said and time.monotonic() < deadline:
             time.sleep(0.01)
     assert said == [] and len(ticks) >= 200
+
+
+def test_a_job_on_a_ray_of_its_own_has_no_head_watch(monkeypatch):
+    from contextlib import nullcontext
+
+    from deployments.data_job import _head_watch
+
+    for own in ("local", ""):  # RAY_ADDRESS=local starts a Ray of the driver's own: its head is this process's
+        monkeypatch.setenv("RAY_ADDRESS", own)
+        assert isinstance(_head_watch(None, 30.0), nullcontext), own
+    monkeypatch.delenv("RAY_ADDRESS")
+    assert isinstance(_head_watch(None, 30.0), nullcontext)
+    assert isinstance(_head_watch("127.0.0.1:6379", None), nullcontext)  # the limit switched off
