@@ -16,13 +16,15 @@ from typing import Any
 import ray
 
 from actors.node_demands import MissingNodes, NodeDemand
+from actors.stage_base import JobFailed
 
 # how often the node table is read while the actors are not ready
 CHECK_INTERVAL_S = 1.0
 
 
-class NotPlaced(RuntimeError):
-    """No live node could hold a part of the cluster for the time limit (the message is one line)."""
+class NotPlaced(JobFailed):
+    """No live node could hold a part of the cluster for the time limit (the message is one line):
+    the job cannot go on, as every driver that catches JobFailed says."""
 
 
 def not_placed_message(demand: NodeDemand, waited_s: float, timeout_s: float) -> str:

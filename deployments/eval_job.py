@@ -189,7 +189,9 @@ class RayDataEvalRunner:
             return None
         if self._cluster is None:
             connect_ray(self.address, self.progress)
-            self._cluster = SamplingCluster(self.job.engine, self.job.ray, address=self.address)
+            self._cluster = SamplingCluster(  # bounded as the jobs' own start is (NotPlaced: one line)
+                self.job.engine, self.job.ray, address=self.address, placement_timeout_s=self.job.ray.missing_node_timeout_s
+            )
         return self._cluster.replicas
 
 

@@ -83,20 +83,16 @@ class PowerSamplingProcessor:
         replicas: list[ReplicaHandle] | None = None,
     ) -> None:
         from actors.cluster import SamplingCluster
-        from actors.placement_wait import NotPlaced
         from actors.sampling_stage import PowerSamplingStage
-        from actors.stage_base import JobFailed
 
         self.config = config
         self.stage: type[SamplingStage] = stage or PowerSamplingStage
         self.stage.check_job(config.job)  # before anything starts
-        try:  # replicas or coordinators no node can hold end the job in one line, not a wait forever
-            self.cluster = SamplingCluster(
-                config.job.engine, config.job.ray, address=address, replicas=replicas,
-                placement_timeout_s=config.job.ray.missing_node_timeout_s,
-            )  # fmt: skip
-        except NotPlaced as e:
-            raise JobFailed(str(e)) from e
+        # replicas or coordinators no node can hold end the job in one line (NotPlaced, a JobFailed)
+        self.cluster = SamplingCluster(
+            config.job.engine, config.job.ray, address=address, replicas=replicas,
+            placement_timeout_s=config.job.ray.missing_node_timeout_s,
+        )  # fmt: skip
 
     def __call__(self, ds: ray.data.Dataset) -> ray.data.Dataset:
         from ray.data import ActorPoolStrategy
