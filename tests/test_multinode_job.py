@@ -61,6 +61,20 @@ def test_a_job_that_loses_the_engine_then_the_chain_then_the_coordinator_node_wr
         assert loss.kill_to_recovered_s is not None and loss.kill_to_commit_s is not None, run.summary()
 
 
+def _with_limit(config, timeout_s: float = MISSING_NODE_TIMEOUT_S):
+    return config.model_copy(update={"ray": config.ray.model_copy(update={"missing_node_timeout_s": timeout_s})})
+
+
+def _stopped_for_a_missing_node(stuck, part: str, resource: str) -> None:
+    """The job ended after the limit with its one line naming `resource` and `part`, exit 1, the
+    rows written once each, nothing of it left running."""
+    assert stuck.returncode == 1 and len(stuck.lines) == 1 and "Traceback" not in stuck.output, stuck.output
+    assert stuck.lines[0].startswith(f"presto-ray: job failed: no live node offers {{{resource}: 1}}, which {part} reserve"), stuck.lines
+    assert stuck.lines[0].endswith("the rows written so far are kept; rerun to resume once such a node is back"), stuck.lines
+    assert len({(r["prompt_id"], r["chain"]) for r in stuck.rows}) == len(stuck.rows) < 24
+    assert stuck.kill_to_end_s is not None and MISSING_NODE_TIMEOUT_S <= stuck.kill_to_end_s
+
+
 def test_a_job_that_cannot_go_on_stops_in_one_line_and_its_reruns_resume(nodes, tmp_path):
     """1. With failover switched off (`max_call_attempts: 1`) the engine node's loss ends the job:
     one line naming the setting (was Ray Data's traceback of the coordinator's RuntimeError), exit 1.
@@ -77,26 +91,17 @@ def test_a_job_that_cannot_go_on_stops_in_one_line_and_its_reruns_resume(nodes, 
     assert "a request gave up after 1 lost engine replica(s) (ray.max_call_attempts" in failed.lines[0], failed.lines
     assert failed.lines[0].endswith("rerun to resume"), failed.lines
 
-    limited = config.model_copy(update={"ray": config.ray.model_copy(update={"missing_node_timeout_s": MISSING_NODE_TIMEOUT_S})})
-    stuck = run_job(nodes, tmp_path, items, limited, lose=CHAINS, after_commits=1, replace=False,
+    stuck = run_job(nodes, tmp_path, items, _with_limit(config), lose=CHAINS, after_commits=1, replace=False,
                     timeout_s=MISSING_NODE_TIMEOUT_S + 90)  # fmt: skip
     print(f"\nthe stage's only node lost, none joining: {stuck.summary()}")
-    assert stuck.returncode == 1 and len(stuck.lines) == 1 and "Traceback" not in stuck.output, stuck.output
-    assert stuck.lines[0].startswith("presto-ray: job failed: no live node offers {presto_chains: 1}, which the stage actors reserve"), stuck.lines
-    assert stuck.lines[0].endswith("the rows written so far are kept; rerun to resume once such a node is back"), stuck.lines
-    kept = {(r["prompt_id"], r["chain"]) for r in stuck.rows}
-    assert {(r["prompt_id"], r["chain"]) for r in failed.rows} < kept and len(kept) == len(stuck.rows) < 24  # resumed, and went on
-    assert stuck.kill_to_end_s is not None and MISSING_NODE_TIMEOUT_S <= stuck.kill_to_end_s
+    _stopped_for_a_missing_node(stuck, "the stage actors", CHAINS)
+    assert {(r["prompt_id"], r["chain"]) for r in failed.rows} < {(r["prompt_id"], r["chain"]) for r in stuck.rows}  # resumed, and went on
     wait_for(lambda: not left_running(nodes), 30, "the stopped job's actors to be gone")
 
     nodes.add_node(CHAINS)
     rerun = run_job(nodes, tmp_path, items, with_engine(config, call_latency_s=0.0))  # latency is no setting of its samples
     assert rerun.returncode == 0 and f"resumed              {len(stuck.rows)} finished pairs skipped" in rerun.output, rerun.output
     assert_same_samples(rerun.rows, expected)
-
-
-def _with_limit(config, timeout_s: float = MISSING_NODE_TIMEOUT_S):
-    return config.model_copy(update={"ray": config.ray.model_copy(update={"missing_node_timeout_s": timeout_s})})
 
 
 @pytest.mark.parametrize(
@@ -134,10 +139,6 @@ def test_a_job_that_loses_its_last_engine_node_stops_in_one_line_after_the_limit
     stuck = run_job(nodes, tmp_path, items, _with_limit(config), lose=[ENGINE, ENGINE], after_commits=1, replace=False,
                     timeout_s=MISSING_NODE_TIMEOUT_S + 90)  # fmt: skip
     print(f"\nthe last engine node lost, none joining: {stuck.summary()}")
-    assert stuck.returncode == 1 and len(stuck.lines) == 1 and "Traceback" not in stuck.output, stuck.output
-    assert stuck.lines[0].startswith("presto-ray: job failed: no live node offers {presto_engine: 1}, which the engine replicas reserve"), stuck.lines
-    assert stuck.lines[0].endswith("the rows written so far are kept; rerun to resume once such a node is back"), stuck.lines
-    pairs = {(r["prompt_id"], r["chain"]) for r in stuck.rows}
-    assert len(pairs) == len(stuck.rows) < 24 and not [r for r in stuck.rows if r["error"]]
-    assert stuck.kill_to_end_s is not None and MISSING_NODE_TIMEOUT_S <= stuck.kill_to_end_s
+    _stopped_for_a_missing_node(stuck, "the engine replicas", ENGINE)
+    assert not [r for r in stuck.rows if r["error"]]
     wait_for(lambda: not left_running(nodes), 30, "the stopped job's actors to be gone")
