@@ -42,9 +42,11 @@ def run_until_stopped(
     # ignored, and Ctrl-C (or a supervisor's SIGINT) would then never stop the service
     signal.signal(signal.SIGINT, _interrupt)
     signal.signal(signal.SIGTERM, _interrupt)
-    url = start_service(app, settings, address, proxies=proxies)
-    print(f"presto-ray serving {model_name} at {url}/v1 (Ctrl-C stops)", flush=True)
     try:
+        # inside the try: a Ctrl-C while the deployments start (the ingress may answer /health
+        # seconds before the whole application is ready) also shuts Serve down cleanly
+        url = start_service(app, settings, address, proxies=proxies)
+        print(f"presto-ray serving {model_name} at {url}/v1 (Ctrl-C stops)", flush=True)
         while True:
             time.sleep(3600)
     except KeyboardInterrupt:

@@ -251,6 +251,7 @@ def test_presto_ray_serve_command_serves_until_interrupted(tmp_path):
     import socket
     import subprocess
     import sys
+    import threading
 
     import yaml
 
@@ -262,22 +263,31 @@ def test_presto_ray_serve_command_serves_until_interrupted(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     command = [sys.executable, "-m", "presto_ray.cli", "serve", "--config", str(config), "--port", str(port)]
     server = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
 
-    def healthy() -> bool:
-        assert server.poll() is None, server.stdout.read()
-        try:
-            return httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200
-        except httpx.HTTPError:
-            return False
+    def read_output() -> None:
+        for line in server.stdout:
+            lines.append(line)
+
+    reader = threading.Thread(target=read_output, daemon=True)
+    reader.start()
+    announced = f"serving toy at http://127.0.0.1:{port}/v1"
+
+    def serving() -> bool:
+        # the line, not /health: the ingress answers /health seconds before serve.run returns
+        assert server.poll() is None, "".join(lines)
+        return any(announced in line for line in lines)
 
     try:
-        wait_for(healthy, 180, "presto-ray serve to answer /health", interval_s=0.5)
+        wait_for(serving, 180, "presto-ray serve to say where it serves", interval_s=0.5)
         response = client(f"http://127.0.0.1:{port}").completions.create(**GOOD)
         assert response.choices[0].text
     finally:
         server.send_signal(signal.SIGINT)
-        output, _ = server.communicate(timeout=120)
-    assert f"serving toy at http://127.0.0.1:{port}/v1" in output
+        server.wait(timeout=120)
+        reader.join(timeout=10)
+    output = "".join(lines)
+    assert "presto-ray: stopping the service" in output, output
     assert server.returncode == 0, output
 
 
