@@ -50,3 +50,83 @@ def test_the_command_writes_its_report_and_profiles(tmp_path, capsys):
         assert all(share >= 0.0 for share in shares.values())
         assert sum(shares.values()) == pytest.approx(1.0)  # the parts do not overlap
     assert main(["bench", "--host-time", "--chain-counts", "0", "--out", str(out)]) == 2
+
+
+# --- the toy engine's chunked completions: the floats of one token at a time -------------------
+def _reference_completion(engine, request):
+    """The toy's completion computed one token at a time (its code before the chunked stats)."""
+    import numpy as np
+
+    from presto_ray.early_rejection import RequestStop
+    from presto_ray.engines.base import Completion
+
+    def log_softmax(z):
+        m = z.max()
+        return z - (m + np.log(np.exp(z - m).sum()))
+
+    context = request.context_token_ids
+    h = engine._context_hash(context)
+    last = context[-1] if context else None
+    rng = np.random.default_rng(request.seed)
+    tokens, logp0, logq, entropy = [], [], [], []
+    finish = "length"
+    greedy = request.temperature == 0.0
+    inv_tau = 0.0 if greedy else 1.0 / request.temperature
+    stop = RequestStop(request.rejection_bounds)
+    noise = None
+    for position in range(request.max_new_tokens):
+        z = engine._logits(h, last)
+        zq = z * inv_tau
+        if greedy:
+            token = int(np.argmax(z))
+        else:
+            if position % 16 == 0:
+                noise = rng.gumbel(size=(min(16, request.max_new_tokens - position), engine.vocab_size))
+            token = int(np.argmax(zq + noise[position % 16]))
+        lp = log_softmax(z)
+        tokens.append(token)
+        logp0.append(float(lp[token]))
+        entropy.append(float(-(np.exp(lp) * lp).sum()))
+        logq.append(0.0 if greedy else float(log_softmax(zq)[token]))
+        h, last = engine._push(h, token), token
+        if request.stop_at_eos and token == engine.eos_token_id:
+            finish = "stop"
+            break
+        if stop.push(logp0[-1], logq[-1], entropy[-1]) and len(tokens) < request.max_new_tokens:
+            finish = "rejected"
+            break
+    return Completion(tuple(tokens), np.array(logp0), np.array(logq), finish, entropy=np.array(entropy))
+
+
+def test_the_toy_engine_gives_the_floats_of_one_token_at_a_time():
+    import math
+
+    from presto_ray.early_rejection import RejectionBound
+    from presto_ray.engines.base import ProposalRequest
+    from presto_ray.engines.toy import ToyEngine
+
+    engine = ToyEngine(vocab_size=64, eos_token_id=0, seed=1, logit_scale=4.0, eos_bias=-1.0)
+    bounds = [
+        (),
+        (RejectionBound(alpha=4.0, log_accept_uniform=math.log(0.3), cut=4, current_weight=-2.0, current_cut_log_prob=-3.0),),
+        (RejectionBound(alpha=4.0, log_accept_uniform=math.log(0.9), cut=4, current_weight=-30.0, current_cut_log_prob=-3.0),),
+    ]
+    finishes = set()
+    for seed in range(40):
+        for max_new in (0, 1, 15, 16, 17, 40):
+            for temperature in (0.25, 1.0, 0.0):
+                for stop_at_eos in (True, False):
+                    for bound in bounds:
+                        request = ProposalRequest(
+                            prompt_token_ids=(5, 6, seed % 7),
+                            prefix_token_ids=tuple(range(1, seed % 5)),
+                            max_new_tokens=max_new,
+                            temperature=temperature,
+                            seed=seed,
+                            stop_at_eos=stop_at_eos,
+                            rejection_bounds=bound,
+                        )
+                        got, want = engine._complete(request), _reference_completion(engine, request)
+                        assert got == want, (seed, max_new, temperature, stop_at_eos, bound)
+                        finishes.add(got.finish_reason)
+    assert finishes == {"length", "stop", "rejected"}  # every way a completion ends was compared

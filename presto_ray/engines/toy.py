@@ -35,12 +35,6 @@ def _log_softmax(z: np.ndarray) -> np.ndarray:
     return z - (m + np.log(np.exp(z - m).sum()))
 
 
-def _log_softmax_at(z: np.ndarray, index: int) -> float:
-    """`_log_softmax(z)[index]`, the same float, without the array of the others."""
-    m = z.max()
-    return float(z[index] - (m + np.log(np.exp(z - m).sum())))
-
-
 class ToyEngine:
     """A deterministic context-dependent language model.
 
@@ -124,43 +118,79 @@ class ToyEngine:
         return float(-(np.exp(lp) * lp).sum())
 
     # --- sampling ------------------------------------------------------------------------
-    def _complete(self, request: ProposalRequest) -> Completion:
+    def _complete(self, request: ProposalRequest, h: int | None = None) -> Completion:
+        """The request's completion (`h`: its context's hash, when the caller has it).
+
+        Tokens are drawn one at a time (each needs the last one's logits); their log p0, log q and
+        entropy follow a chunk (_NOISE_ROWS tokens) at once, row by row the float operations of
+        `_log_softmax` on one token's logits, and on them divided by tau (numpy reduces each row
+        of a contiguous array as it does a lone row: the same floats, tests/test_bench_host_time.py).
+        The stop rule then runs over the chunk, so a request that stops early decodes at most a
+        chunk's tokens past its stop (the toy's own CPU time; the completion is the same)."""
         context = request.context_token_ids
-        h = self._context_hash(context)
+        if h is None:
+            h = self._context_hash(context)
         last = context[-1] if context else None
+        max_new = request.max_new_tokens
         noise_rng = np.random.default_rng(request.seed)
-        tokens: list[int] = []
-        logp0: list[float] = []
-        logq: list[float] = []
-        entropy: list[float] = []
-        finish: FinishReason = "length"
         greedy = request.temperature == 0.0  # argmax decoding: q puts all its mass on one token
         inv_tau = 0.0 if greedy else 1.0 / request.temperature
         stop = RequestStop(request.rejection_bounds)
-        noise = np.empty((0, self.vocab_size))
-        for position in range(request.max_new_tokens):
-            z = self._logits(h, last)
-            zq = z * inv_tau
+        stops = bool(request.rejection_bounds)
+        eos = self.eos_token_id if request.stop_at_eos else None
+        bigram, table, scale = self._bigram, self._context, self.logit_scale
+        rows = len(table)
+        empty_row = self.vocab_size
+        tokens: list[int] = []
+        logp0_parts: list[np.ndarray] = []
+        logq_parts: list[np.ndarray] = []
+        entropy_parts: list[np.ndarray] = []
+        finish: FinishReason = "length"
+        logits = np.empty((_NOISE_ROWS, self.vocab_size))
+        position = 0
+        while position < max_new and finish == "length":
+            size = min(_NOISE_ROWS, max_new - position)
+            # the same draws as one row per token: a Generator fills them in order
+            noise = None if greedy else noise_rng.gumbel(size=(size, self.vocab_size))
+            chunk: list[int] = []
+            for row in range(size):
+                z = scale * (bigram[empty_row if last is None else last] + table[h % rows])
+                logits[row] = z
+                token = int(z.argmax()) if greedy else int((z * inv_tau + noise[row]).argmax())  # type: ignore[index]
+                chunk.append(token)
+                h, last = self._push(h, token), token
+                if token == eos:
+                    finish = "stop"
+                    break
+            count = len(chunk)
+            z = logits[:count]
+            at = (np.arange(count), chunk)
+            lp = z - (z.max(axis=1) + np.log(np.exp(z - z.max(axis=1, keepdims=True)).sum(axis=1)))[:, None]
+            chunk_logp0 = lp[at]
+            chunk_entropy = -(np.exp(lp) * lp).sum(axis=1)
             if greedy:
-                token = int(np.argmax(z))
+                chunk_logq = np.zeros(count)
             else:
-                row = position % _NOISE_ROWS
-                if row == 0:  # the same draws as one row per token: a Generator fills them in order
-                    noise = noise_rng.gumbel(size=(min(_NOISE_ROWS, request.max_new_tokens - position), self.vocab_size))
-                token = int(np.argmax(zq + noise[row]))
-            lp = _log_softmax(z)
-            tokens.append(token)
-            logp0.append(float(lp[token]))
-            entropy.append(float(-(np.exp(lp) * lp).sum()))
-            logq.append(0.0 if greedy else _log_softmax_at(zq, token))
-            h, last = self._push(h, token), token
-            if request.stop_at_eos and token == self.eos_token_id:
-                finish = "stop"
-                break
-            if stop.push(logp0[-1], logq[-1], entropy[-1]) and len(tokens) < request.max_new_tokens:
-                finish = "rejected"  # every node that would use the rest rejects it already
-                break
-        return Completion(tuple(tokens), np.array(logp0), np.array(logq), finish, entropy=np.array(entropy))
+                zq = z * inv_tau
+                top = zq.max(axis=1)
+                chunk_logq = zq[at] - (top + np.log(np.exp(zq - top[:, None]).sum(axis=1)))
+            if stops:
+                # not after an EOS token (the walk never asks beyond it)
+                for i in range(count - (finish == "stop")):
+                    if stop.push(float(chunk_logp0[i]), float(chunk_logq[i]), float(chunk_entropy[i])) and position + i + 1 < max_new:
+                        finish = "rejected"  # every node that would use the rest rejects it already
+                        count = i + 1
+                        break
+            tokens += chunk[:count]
+            logp0_parts.append(chunk_logp0[:count])
+            logq_parts.append(chunk_logq[:count])
+            entropy_parts.append(chunk_entropy[:count])
+            position += count
+        if not tokens:
+            return Completion((), np.zeros(0), np.zeros(0), finish, entropy=np.zeros(0))
+        return Completion(
+            tuple(tokens), np.concatenate(logp0_parts), np.concatenate(logq_parts), finish, entropy=np.concatenate(entropy_parts)
+        )
 
     def generate(self, requests: Sequence[ProposalRequest]) -> EngineOutput:
         with self._call_lock:  # like a device serving one batch at a time
@@ -198,12 +228,15 @@ class ToyEngine:
         completions = []
         for request in requests:
             context = request.context_token_ids
-            cached = self._cached_prefix_tokens(context)
-            completion = replace(self._complete(request), cached_prompt_tokens=cached)
+            # the context's rolling hash once: its cache blocks, its completion's start, the
+            # completion's blocks after it
+            blocks, h = self._block_hashes(context)
+            cached = self._cached_prefix_tokens(blocks)
+            completion = replace(self._complete(request, h), cached_prompt_tokens=cached)
             accounting.prompt_tokens += len(context)
             accounting.cached_prompt_tokens += cached
             accounting.generated_tokens += len(completion.token_ids)
-            self._remember(context + completion.token_ids)
+            self._remember(blocks + self._block_hashes(completion.token_ids, h, len(context))[0])
             completions.append(completion)
         delay = self.call_latency_s + self.token_latency_s * accounting.generated_tokens
         if delay > 0:
@@ -212,25 +245,29 @@ class ToyEngine:
         return EngineOutput(completions, accounting)
 
     # --- a simulated prefix cache (accounting only; results never depend on it) ------------
-    def _block_hashes(self, token_ids: Sequence[int]) -> list[int]:
-        hashes, h = [], 0
-        for i, t in enumerate(token_ids, 1):
+    def _block_hashes(self, token_ids: Sequence[int], h: int = 0, offset: int = 0) -> tuple[list[int], int]:
+        """The rolling hash at each cache block's end within `token_ids`, continuing from hash
+        `h` after `offset` tokens; and the hash after them all."""
+        hashes = []
+        block = self._cache_block
+        for i, t in enumerate(token_ids, offset + 1):
             h = self._push(h, int(t))
-            if i % self._cache_block == 0:
+            if i % block == 0:
                 hashes.append(h)
-        return hashes
+        return hashes, h
 
-    def _cached_prefix_tokens(self, context: Sequence[int]) -> int:
+    def _cached_prefix_tokens(self, blocks: Sequence[int]) -> int:
+        """Tokens of a context whose leading blocks (`blocks`: their hashes) are cached."""
         cached = 0
-        for h in self._block_hashes(context):
+        for h in blocks:
             if h not in self._cache:
                 break
             self._cache.move_to_end(h)
             cached += self._cache_block
         return cached
 
-    def _remember(self, token_ids: Sequence[int]) -> None:
-        for h in self._block_hashes(token_ids):
+    def _remember(self, blocks: Sequence[int]) -> None:
+        for h in blocks:
             self._cache[h] = None
             self._cache.move_to_end(h)
         while len(self._cache) > self._cache_capacity:
