@@ -28,7 +28,7 @@ from actors.coordinator_shards import CoordinatorShards, shard_replicas
 from actors.coordinator_stats import CoordinatorSnapshot
 from actors.engine_replica import EngineReplica, ReplicaHandle
 from actors.handles import kill_actor
-from actors.node_demands import NodeDemand, coordinator_demand, replica_demand
+from actors.node_demands import NodeDemand, coordinator_demand, replica_bundle, replica_demand, replica_gpus, replica_group_demand
 from actors.placement_wait import wait_placed
 from actors.replica_autoscaler import ReplicaAutoscaler
 from presto_ray import process_watchdog
@@ -170,8 +170,7 @@ class SamplingCluster:
 
     @property
     def gpus_per_replica(self) -> float:
-        explicit = self.settings.replica_num_gpus
-        return self.engine_spec.gpus_per_replica if explicit is None else explicit
+        return replica_gpus(self.settings, self.engine_spec.gpus_per_replica)
 
     # --- the pool grows and shrinks (driven by actors/replica_autoscaler.py) ----------------------
     @property
@@ -344,11 +343,11 @@ class SamplingCluster:
         cpus, gpus = s.replica_num_cpus, self.gpus_per_replica
         options = self._replica_options()
         if s.placement_strategy:
-            wanted = {"CPU": cpus, "GPU": gpus, **s.placement.replica_resources}
-            bundle = {k: v for k, v in wanted.items() if v > 0} or {"CPU": 0.001}
+            bundle = replica_bundle(s, gpus)
             group = ray.util.placement_group([bundle] * s.num_replicas, strategy=s.placement_strategy)
             self._placement_group = group
-            self._wait_placed([group.ready()], [self._replica_demand()])
+            # the group's own demand: a STRICT_SPREAD group needs num_replicas such nodes, a STRICT_PACK one all on one
+            self._wait_placed([group.ready()], [replica_group_demand(s, gpus)])
         remote = ray.remote(EngineReplica)
         for i in range(s.initial_replicas):
             opts = dict(options)

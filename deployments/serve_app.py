@@ -21,6 +21,7 @@ from ray import serve
 from ray.serve import Application
 from ray.serve.deployment import Deployment
 
+from actors.node_demands import service_demands
 from deployments import ingress, sampling_pool, service_runner
 from deployments.proxy_callback import proxy_middlewares
 from presto_ray.job import JobConfig
@@ -69,7 +70,11 @@ def _actor_options(resources: dict[str, float]) -> dict[str, Any]:
 
 def run_service(config: JobConfig, address: str | None = None) -> None:
     """`presto-ray serve`: deploy `config`'s application (local Ray unless `address`), block until
-    Ctrl-C or SIGTERM (deployments/service_runner.py)."""
+    Ctrl-C or SIGTERM (deployments/service_runner.py). The deploy gives up once a part has had no
+    live node to hold it for `ray.missing_node_timeout_s`, and on a cluster it joined the service
+    stops once the head has been gone for `ray.head_loss_timeout_s`, each with one line, exit 1."""
     service_runner.run_until_stopped(
-        app_for(config), config.serve, ingress.served_model_name(config), address, config.ray.placement.http_proxies
+        app_for(config), config.serve, ingress.served_model_name(config), address, config.ray.placement.http_proxies,
+        demands=service_demands(config), missing_node_timeout_s=config.ray.missing_node_timeout_s,
+        head_loss_timeout_s=config.ray.head_loss_timeout_s,
     )

@@ -137,16 +137,20 @@ class RayConfig(BaseModel):
         description="`sample --ray` and `eval --ray`: how long the job waits for a live node offering what a part of "
         "it reserves before it stops with one line naming the part, the resources and the settings, keeping the rows "
         "written so far (a rerun resumes). At the start, the engine replicas and the coordinators (the cluster has "
-        "no such node: they are waited for before any row is read); while it runs, the stage actors and the engine "
+        "no such node: they are waited for before any row is read; a STRICT_SPREAD placement_strategy needs a node "
+        "per replica, STRICT_PACK one node holding them all); while it runs, the stage actors and the engine "
         "replicas (their nodes were lost and none has joined; a lost coordinator is bounded by "
-        "coordinator_restart_timeout_s). On KubeRay a replacement pod, or a node the autoscaler adds, ends the wait; "
+        "coordinator_restart_timeout_s). `presto-ray serve`: how long its deploy waits for a node that can hold the "
+        "ingress replicas, the sampling pool or the engine replicas before it shuts Serve down with one line, exit 1. "
+        "On KubeRay a replacement pod, or a node the autoscaler adds, ends the wait; "
         "a node that has the resources but is busy is waited for. None: wait for such a node however long it takes.",
     )
     head_loss_timeout_s: float | None = Field(
         30.0, gt=0.0, le=3600.0,
-        description="`sample --ray` and `eval --ray` joining a running cluster (--address, RAY_ADDRESS): how long the "
-        "job waits for the cluster's head (its GCS) to answer again before it stops with one line, keeping the rows "
-        "written so far (a rerun on a new cluster resumes). Without GCS fault tolerance the head's loss is the "
+        description="`sample --ray`, `eval --ray` and `presto-ray serve` joining a running cluster (--address, "
+        "RAY_ADDRESS): how long the job or service waits for the cluster's head (its GCS) to answer again before it "
+        "stops with one line, exit 1 (a job keeps the rows written so far: a rerun on a new cluster resumes; the "
+        "service is to be started again on a new cluster). Without GCS fault tolerance the head's loss is the "
         "cluster's; with it (KubeRay: external Redis) a head back within this limit is waited for. Keep it below "
         "Ray's gcs_rpc_server_reconnect_timeout_s (60 s), after which Ray ends the driver itself with its own log "
         "lines. None: leave it to Ray.",

@@ -2,7 +2,7 @@
 
 The head holds the GCS, so a cluster without GCS fault tolerance is gone with it; the multi-node
 cluster of tests/multinode.py never loses its head. Here the cluster is a `ray start --head`
-subprocess of its own (its own temp dir, so no other Ray user of this machine finds it), the job a
+subprocess of its own (tests/ray_head.py, shared with the service's test, test_service_head_loss), the job a
 driver joining it (RAY_ADDRESS, as from another machine), and the head's whole process tree is
 SIGKILLed once the job has committed a file: the job stops in one line after
 `ray.head_loss_timeout_s` with its rows kept (was: Ray's core worker ended the driver 60 s later,
@@ -11,13 +11,8 @@ after a stream of its own ERROR lines, with nothing of ours said), and its rerun
 
 from __future__ import annotations
 
-import os
-import shutil
-import signal
-import socket
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -25,73 +20,16 @@ import pytest
 
 pytest.importorskip("ray.data")
 
-from multinode import REPO  # noqa: E402
 from node_faults import _committed, write_job  # noqa: E402
+from ray_head import Head, clean_env, own_lines  # noqa: E402
 from ray_helpers import assert_same_samples, reference, toy_job, with_engine  # noqa: E402
 from waiting import wait_for  # noqa: E402
 
 from presto_ray.output import read_samples  # noqa: E402
-from presto_ray.process_watchdog import process_tree, start_time  # noqa: E402
 
 pytestmark = [pytest.mark.ray, pytest.mark.multinode]  # starts its own cluster (no fixture to read the tier off)
 
 HEAD_LOSS_TIMEOUT_S = 3.0
-RAY = Path(sys.executable).with_name("ray")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    return {**env, "RAY_AUTH_MODE": "disabled", "PYTHONPATH": str(REPO), **extra}
-
-
-class Head:
-    """`ray start --head --block` in its own session; `lose()` SIGKILLs its whole process tree."""
-
-    def __init__(self, workdir: Path) -> None:
-        self.port = _free_port()
-        self.temp_dir = tempfile.mkdtemp(prefix="phl", dir="/tmp")  # short: Ray's socket paths live there
-        self.log = workdir / "head.log"
-        with self.log.open("w") as sink:
-            self.process = subprocess.Popen(
-                [str(RAY), "start", "--head", f"--port={self.port}", "--num-cpus=2", "--include-dashboard=false",
-                 "--disable-usage-stats", "--node-ip-address=127.0.0.1", f"--temp-dir={self.temp_dir}", "--block"],
-                env=_env(), stdout=sink, stderr=subprocess.STDOUT, start_new_session=True,
-            )  # fmt: skip
-        self.pids: set[int] = set()
-        wait_for(self._answers, 120, "the head to take connections", interval_s=0.5)
-
-    @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    def _answers(self) -> bool:
-        assert self.process.poll() is None, self.log.read_text()
-        try:
-            with socket.create_connection(("127.0.0.1", self.port), timeout=1):
-                return True
-        except OSError:
-            return False
-
-    def lose(self) -> float:
-        self.pids = {self.process.pid, *process_tree(self.process.pid)}
-        killed_at = time.monotonic()
-        for pid in self.pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        self.process.wait()
-        return killed_at
-
-    def left_running(self) -> list[int]:
-        self.pids |= {self.process.pid, *process_tree(self.process.pid)} if self.process.poll() is None else set()
-        return sorted(pid for pid in self.pids if start_time(pid) is not None)
 
 
 def _driver(config_path: Path, prompts: Path, out: Path, log: Path, **env: str) -> subprocess.Popen:
@@ -99,12 +37,8 @@ def _driver(config_path: Path, prompts: Path, out: Path, log: Path, **env: str) 
         return subprocess.Popen(
             [sys.executable, "-m", "presto_ray.cli", "sample", "--ray", "--config", str(config_path),
              "--prompts", str(prompts), "--out", str(out), "--quiet"],
-            env=_env(**env), stdout=sink, stderr=subprocess.STDOUT, text=True,
+            env=clean_env(**env), stdout=sink, stderr=subprocess.STDOUT, text=True,
         )  # fmt: skip
-
-
-def _own_lines(log: Path) -> list[str]:
-    return [line for line in log.read_text().splitlines() if line.startswith("presto-ray:")]
 
 
 def test_a_job_whose_cluster_loses_its_head_stops_in_one_line_and_resumes_on_a_new_cluster(tmp_path):
@@ -129,11 +63,9 @@ def test_a_job_whose_cluster_loses_its_head_stops_in_one_line_and_resumes_on_a_n
         if job is not None and job.poll() is None:
             job.kill()
             job.wait()
-        if head.process.poll() is None:
-            head.lose()
-        shutil.rmtree(head.temp_dir, ignore_errors=True)
+        head.remove()
     print(f"\nthe head lost under the job: the driver ended {ended_after_s:.1f} s after the kill")
-    lines = _own_lines(log)
+    lines = own_lines(log)
     assert job.returncode == 1 and len(lines) == 1 and "Traceback" not in log.read_text(), log.read_text()
     assert lines[0].startswith("presto-ray: job failed: the cluster's head is gone (its GCS at "), lines
     assert f":{head.port} has not answered for " in lines[0] and "; ray.head_loss_timeout_s: 3)" in lines[0], lines  # the address Ray names
