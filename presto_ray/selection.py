@@ -157,40 +157,97 @@ def select_max_expected(
     if max_value is None:
         max_value = _max_node_value(root)
     visited = 0
+    issued_set = set(issued)
+    # How this call sees each node it meets, found once per node (a key's hash is a Python call):
+    # _PASS (free or pending, no key or an issued one), _ISSUED, _DEAD, _KEYED_PASS (free or
+    # pending with a key not issued: no planner makes one) or its key, not issued. The search and
+    # its propagation below are `_propagate`'s and the plain search's operations, in their order:
+    # the same floats, the same sets (tests/test_selection.py compares them).
+    seen: dict[PlanNode, object] = {}
+
+    def look(node: PlanNode) -> object:
+        key = node.key
+        if node.free or node.pending:
+            kind: object = _PASS if key is None or key in issued_set else _KEYED_PASS
+        elif key is None:
+            kind = _DEAD
+        else:
+            kind = _ISSUED if key in issued_set else key
+        seen[node] = kind
+        return kind
+
+    def propagate(alive: dict[PlanNode, float], chosen: set) -> tuple[float, dict[PlanNode, float]]:
+        gain = 0.0
+        reached: dict[PlanNode, float] = {}
+        for node, mass in alive.items():
+            kind = seen.get(node)
+            if kind is None:
+                kind = look(node)
+            if kind is _ISSUED:
+                gain += mass * node.value
+            elif kind is _PASS or kind is _KEYED_PASS:
+                pass  # completes nothing now, passes its mass on
+            elif kind is _DEAD or kind not in chosen:
+                continue
+            else:
+                gain += mass * node.value
+            for child, p in node.children:
+                if p > 0.0:
+                    if child in reached:
+                        reached[child] += mass * p
+                    else:
+                        reached[child] = mass * p  # 0.0 + x is x
+        return gain, reached
 
     def search(alive: dict[PlanNode, float], chosen: list, chosen_set: set, score: float, left: int) -> None:
         nonlocal best_score, best, visited
-        visited += 1
-        if score > best_score + 1e-12:
-            best_score, best = score, list(chosen)
-        if left == 0 or not alive or visited > MAX_SEARCH_NODES:
-            return
-        if score + left * max(0.0, sum(alive.values()) * max_value - cost_per_request) <= best_score + 1e-12:
-            return
-        # one pass: each new key's mass here, and whether the walk can pass this depth without one
-        mass_by_key: dict[Hashable, float] = {}
-        cost_of: dict[Hashable, int] = {}
-        passes_without_new_key = False
-        for node, mass in alive.items():
-            key = node.key
-            if key is None or key in chosen_set:
-                passes_without_new_key = passes_without_new_key or key is not None or node.free or node.pending
-            else:
-                mass_by_key[key] = mass_by_key.get(key, 0.0) + mass * node.value
-                cost_of[key] = node.cost
-                passes_without_new_key = passes_without_new_key or node.free or node.pending
-        candidates = [k for k in mass_by_key if mass_by_key[k] >= cost_per_request * cost_of[k]]
-        candidates = sorted(candidates, key=mass_by_key.__getitem__, reverse=True)[:MAX_KEYS_PER_DEPTH]
-        for size in range(len(candidates), -1, -1):
-            if size == 0 and not passes_without_new_key:
-                break
-            for subset in combinations(candidates, size):
-                cost = sum(cost_of[k] for k in subset)
-                if cost > left:
-                    continue
-                extended = chosen_set.union(subset) if subset else chosen_set  # never changed in place
-                gain, reached = _propagate(alive, extended)
-                search(reached, chosen + list(subset), extended, score + gain - cost_per_request * cost, left - cost)
+        while True:  # one depth per pass: the plain search's last call (no new key) is the next pass
+            visited += 1
+            if score > best_score + 1e-12:
+                best_score, best = score, list(chosen)
+            if left == 0 or not alive or visited > MAX_SEARCH_NODES:
+                return
+            if score + left * max(0.0, sum(alive.values()) * max_value - cost_per_request) <= best_score + 1e-12:
+                return
+            # one pass: each new key's mass here, and whether the walk can pass this depth without one
+            mass_by_key: dict[Hashable, float] = {}
+            cost_of: dict[Hashable, int] = {}
+            passes_without_new_key = False
+            for node, mass in alive.items():
+                kind = seen.get(node)
+                if kind is None:
+                    kind = look(node)
+                if kind is _ISSUED or kind is _PASS:
+                    passes_without_new_key = True
+                elif kind is _DEAD:
+                    pass
+                else:
+                    key = node.key if kind is _KEYED_PASS else kind
+                    if key in chosen_set:
+                        passes_without_new_key = True
+                    else:
+                        mass_by_key[key] = mass_by_key.get(key, 0.0) + mass * node.value
+                        cost_of[key] = node.cost
+                        passes_without_new_key = passes_without_new_key or kind is _KEYED_PASS
+            if mass_by_key:
+                candidates = [k for k in mass_by_key if mass_by_key[k] >= cost_per_request * cost_of[k]]
+                candidates = sorted(candidates, key=mass_by_key.__getitem__, reverse=True)[:MAX_KEYS_PER_DEPTH]
+                for size in range(len(candidates), 0, -1):
+                    for subset in combinations(candidates, size):
+                        cost = sum(cost_of[k] for k in subset)
+                        if cost > left:
+                            continue
+                        extended = chosen_set.union(subset)  # never changed in place
+                        gain, reached = propagate(alive, extended)
+                        search(reached, chosen + list(subset), extended, score + gain - cost_per_request * cost, left - cost)
+            if not passes_without_new_key:
+                return
+            gain, alive = propagate(alive, chosen_set)
+            score = score + gain - cost_per_request * 0
 
-    search({root: 1.0}, [], set(issued), 0.0, budget)
+    search({root: 1.0}, [], issued_set, 0.0, budget)
     return best
+
+
+# how select_max_expected's search sees a node (else: the node's key, not issued)
+_PASS, _ISSUED, _DEAD, _KEYED_PASS = object(), object(), object(), object()

@@ -98,3 +98,109 @@ def test_one_key_per_depth_takes_the_first_depths():
     assert select_max_expected(nodes[0], 3) == [(0, ()), (1, ()), (2, ())]
     # A request must pay its cost: the 4th depth is reached with 0.9**3 = 0.729 < 0.75.
     assert select_max_expected(nodes[0], 6, cost_per_request=0.75) == [(0, ()), (1, ()), (2, ())]
+
+
+def plain_select_max_expected(root, budget, cost_per_request=0.0, issued=(), max_value=None):
+    """select_max_expected's search as first written (recursive, `_propagate` at every depth):
+    the reference its faster form must follow operation for operation."""
+    from itertools import combinations
+
+    from presto_ray.selection import MAX_KEYS_PER_DEPTH, MAX_SEARCH_NODES, _max_node_value, _propagate
+
+    best_score, best, visited = float("-inf"), [], 0
+    if max_value is None:
+        max_value = _max_node_value(root)
+
+    def search(alive, chosen, chosen_set, score, left):
+        nonlocal best_score, best, visited
+        visited += 1
+        if score > best_score + 1e-12:
+            best_score, best = score, list(chosen)
+        if left == 0 or not alive or visited > MAX_SEARCH_NODES:
+            return
+        if score + left * max(0.0, sum(alive.values()) * max_value - cost_per_request) <= best_score + 1e-12:
+            return
+        mass_by_key, cost_of, passes = {}, {}, False
+        for node, mass in alive.items():
+            key = node.key
+            if key is None or key in chosen_set:
+                passes = passes or key is not None or node.free or node.pending
+            else:
+                mass_by_key[key] = mass_by_key.get(key, 0.0) + mass * node.value
+                cost_of[key] = node.cost
+                passes = passes or node.free or node.pending
+        candidates = [k for k in mass_by_key if mass_by_key[k] >= cost_per_request * cost_of[k]]
+        candidates = sorted(candidates, key=mass_by_key.__getitem__, reverse=True)[:MAX_KEYS_PER_DEPTH]
+        for size in range(len(candidates), -1, -1):
+            if size == 0 and not passes:
+                break
+            for subset in combinations(candidates, size):
+                cost = sum(cost_of[k] for k in subset)
+                if cost > left:
+                    continue
+                extended = chosen_set.union(subset) if subset else chosen_set
+                gain, reached = _propagate(alive, extended)
+                search(reached, chosen + list(subset), extended, score + gain - cost_per_request * cost, left - cost)
+
+    search({root: 1.0}, [], set(issued), 0.0, budget)
+    return best, best_score, visited
+
+
+def random_dag(rng: random.Random, depth: int, width: int, keys_per_depth: int) -> PlanNode:
+    """A planner-like DAG: levels of nodes sharing children, keys shared within a level, free,
+    pending and dead nodes, values 0 or 1, costs 1 or 2 per key."""
+    levels = [[PlanNode(depth=0, key=(0, 0))]]
+    for d in range(1, depth + 1):
+        level = []
+        for _ in range(rng.randint(1, width)):
+            node = PlanNode(depth=d)
+            kind = rng.random()
+            if kind < 0.1:
+                pass  # dead
+            elif kind < 0.2:
+                node.free, node.value = True, 0.0
+            elif kind < 0.3:
+                node.pending = True
+            else:
+                key = rng.randrange(keys_per_depth)
+                node.key, node.cost = (d, key), 1 + key % 2
+            level.append(node)
+        levels.append(level)
+    for above, below in zip(levels, levels[1:]):
+        for node in above:
+            if node.key is None and not (node.free or node.pending):
+                continue
+            children = rng.sample(below, min(len(below), rng.choice([1, 2, 2, 3])))
+            weights = [rng.random() for _ in children]
+            node.children = [(child, w / sum(weights)) for child, w in zip(children, weights)]
+    return levels[0][0]
+
+
+@pytest.mark.parametrize("trial", range(120))
+def test_the_search_makes_the_plain_searchs_choices(trial):
+    """The same keys as the plain search on planner-like DAGs, issued keys among them, every
+    cost, and searches that stop at MAX_SEARCH_NODES (the same floats decide both)."""
+    rng = random.Random(1000 + trial)
+    root = random_dag(rng, depth=rng.randint(1, 24), width=rng.randint(1, 12), keys_per_depth=rng.randint(1, 8))
+    keys = sorted(all_keys(root))
+    issued = set(rng.sample(keys, rng.randint(0, len(keys))))
+    issued.add(root.key)
+    budget = rng.randint(1, 16)
+    cost = rng.choice([0.0, 0.05, 0.2, 0.5])
+    want, _, _ = plain_select_max_expected(root, budget, cost, issued)
+    assert select_max_expected(root, budget, cost, issued=issued) == want
+
+
+@pytest.mark.parametrize("trial", range(40))
+def test_a_search_cut_short_keeps_the_plain_searchs_best_so_far(trial, monkeypatch):
+    import presto_ray.selection as selection
+
+    monkeypatch.setattr(selection, "MAX_SEARCH_NODES", 2 + trial % 4)
+    rng = random.Random(7000 + trial)
+    cost = rng.choice([0.0, 0.1])
+    root = random_dag(rng, depth=16, width=14, keys_per_depth=6)
+    while plain_select_max_expected(root, 12, cost, {root.key})[2] <= selection.MAX_SEARCH_NODES:
+        root = random_dag(rng, depth=16, width=14, keys_per_depth=6)  # one the cap cuts short
+    want, _, visited = plain_select_max_expected(root, 12, cost, {root.key})
+    assert visited > selection.MAX_SEARCH_NODES  # the cap ended it
+    assert select_max_expected(root, 12, cost, issued={root.key}) == want
