@@ -120,6 +120,8 @@ class ChainStream(ProposalBook):
                 self._tree = None
         aborts = tuple(self._drop_useless())
         if self.chain.done:
+            self._tree = None
+            self.planner.release_plans()  # freed now, not by a cyclic collection
             return StreamActions(aborts, (), (), True, transitions)
         starts = tuple(self._start(budget))
         return StreamActions(aborts, starts, self._wakes(), False, transitions, self._bound_updates())

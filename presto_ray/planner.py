@@ -61,6 +61,12 @@ class Planner:
         if report.unusable is not None:
             self._unbounded.add(report.unusable[:2])
 
+    def release_plans(self) -> None:
+        """Drop the kept plan nodes (the chain is done). The planner is in a reference cycle
+        (its rules call its methods), so what it holds would otherwise wait for the cyclic
+        collector (presto_ray/collector.py), up to thousands of nodes per chain."""
+        self._plan_cache = PlanCache()
+
     def tree(self, proposal: ProposalKnowledge | None = None, stopped_early: StoppedEarly | None = None) -> PlanTree:
         """The plan from the chain's current state. Streaming passes what it knows of running and
         finished proposals (`proposal`, `stopped_early`); rounds know nothing below an accept."""

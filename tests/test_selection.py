@@ -204,3 +204,20 @@ def test_a_search_cut_short_keeps_the_plain_searchs_best_so_far(trial, monkeypat
     want, _, visited = plain_select_max_expected(root, 12, cost, {root.key})
     assert visited > selection.MAX_SEARCH_NODES  # the cap ended it
     assert select_max_expected(root, 12, cost, issued={root.key}) == want
+
+
+def test_a_search_leaves_no_cycle_for_the_collector():
+    """Its objects are freed as it returns (a streaming run calls it at every event; left in
+    cycles, they made Python's cyclic collections ~20% of the run's CPU time)."""
+    import gc
+
+    rng = random.Random(3)
+    roots = [random_dag(rng, depth=12, width=8, keys_per_depth=4) for _ in range(20)]
+    gc.collect()
+    gc.disable()
+    try:
+        for root in roots:
+            select_max_expected(root, 8, 0.1, issued={root.key})
+        assert gc.collect() == 0
+    finally:
+        gc.enable()
