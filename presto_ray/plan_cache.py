@@ -256,10 +256,10 @@ class PlanCache:
         fork_needs = self._fork_needs
         return PlanTree(
             root,
-            set(self._key_nodes),
+            self._key_nodes.keys(),
             {source: min(fork_needs[source]) for source in sorted(fork_needs)},
-            set(self._fork_nodes),
-            set(self._root_state_nodes),
+            self._fork_nodes.keys(),
+            self._root_state_nodes.keys(),
             1.0 if nodes > self._free_nodes else 0.0,
         )
 

@@ -91,13 +91,14 @@ def _source_tokens(facts: _Facts, proposal: ProposalKnowledge) -> tuple[int, ...
 
 @dataclass
 class PlanTree:
-    """A plan. Its nodes are the cache's: valid until the planner's next tree."""
+    """A plan. Its nodes and key sets are the cache's (its sets are views of its counts, not
+    copies: a tree hashes ~100 keys per copy): valid until the planner's next tree."""
 
     root: PlanNode
-    keys: set[RequestKey]  # every key some node of the tree needs
+    keys: AbstractSet[RequestKey]  # every key some node of the tree needs
     fork_points: dict[RequestKey, int]  # unfinished proposal -> its token count that unlocks a deferred step
-    forks: set[RequestKey]  # keys whose prefix holds tokens of a proposal still being generated
-    root_state_keys: set[RequestKey]  # keys nodes in the root's state need (their bound is known at plan time)
+    forks: AbstractSet[RequestKey]  # keys whose prefix holds tokens of a proposal still being generated
+    root_state_keys: AbstractSet[RequestKey]  # keys nodes in the root's state need (their bound is known at plan time)
     max_value: float = 1.0  # the largest node value (0 when every node is free): selection's bound
 
 
