@@ -15,36 +15,29 @@ its attention layers call two things of ours:
 
 Batch invariance (`invariant`): a sequence's floats then depend on its own tokens only. Attention
 runs per query over exactly the keys before it (the same call, of the same shapes, as when the
-sequence is alone, whether the query was decoded or prefilled, cached or not), and the packed row
-is padded to a row count that the CPU's BLAS serves with its general kernel: MKL (torch 2.13)
-gives a row of a matrix product the same floats at 4, 8 and every count from 12 on (tested to
-2,100), other floats at 1-3, 5-7 and 9-11 rows (SmolLM2's shapes, 1 and 2 threads), so the packed
-row and the rows of logits are padded to 4, 8 or 12 when shorter. Without it, decoding sequences
-share one attention call over their keys padded to the longest (masked), and prefills one causal
-call each: faster on GPUs, where floats then depend on the batch (tokens differ only in near-ties).
+sequence is alone, whether the query was decoded or prefilled, cached or not), and every linear
+layer runs as products of one fixed row count, the packed row and the rows of logits padded to a
+multiple of it (fixed_rows.py: a CPU's BLAS gives a row other floats at other row counts, and
+which counts agree differs between CPUs and thread counts). Without it, decoding sequences share
+one attention call over their keys padded to the longest (masked), prefills one causal call each,
+and the linear layers one product over the packed row: faster on GPUs, where floats then depend
+on the batch (tokens differ only in near-ties).
 """
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any, Sequence
 
 import torch
 import torch.nn.functional as F
 
+from presto_ray.engines.transformers.fixed_rows import fixed_row_linears, padded_rows
 from presto_ray.engines.transformers.kv import SlotKV
 
 ATTENTION_NAME = "presto_packed"
 UNSUPPORTED_ATTENTION = ("sliding_window", "softcap", "s_aux")  # attention variants packed_attention does not compute
-
-
-def invariant_rows(rows: int) -> int:
-    """The row count a matrix product of `rows` rows is padded to for batch invariance (module doc)."""
-    if rows <= 4:
-        return 4
-    if rows <= 8:
-        return 8
-    return max(rows, 12)
 
 
 @dataclass(frozen=True)
@@ -74,7 +67,7 @@ class PackedStep:
             self.offsets.append(offset)
             offset += len(segment.tokens)
         self.real_tokens = offset
-        self.padded_tokens = invariant_rows(offset) if invariant else offset
+        self.padded_tokens = padded_rows(offset) if invariant else offset
         device = kv.device
         self.slot_index = torch.tensor([s.slot for s in self.segments for _ in s.tokens], dtype=torch.long, device=device)
         self.position_index = torch.tensor(
@@ -89,7 +82,7 @@ class PackedStep:
         positions = self.position_index.tolist() + [0] * pad
         last = [offset + len(s.tokens) - 1 for s, offset in zip(self.segments, self.offsets)]
         if self.invariant:
-            last += [last[0]] * (invariant_rows(len(last)) - len(last))
+            last += [last[0]] * (padded_rows(len(last)) - len(last))
         return {
             "input_ids": torch.tensor([ids], dtype=torch.long, device=device),
             "position_ids": torch.tensor([positions], dtype=torch.long, device=device),
@@ -192,6 +185,6 @@ def register_attention() -> None:
 def forward_logits(model: torch.nn.Module, step: PackedStep) -> torch.Tensor:
     """The logits (rows, vocab) of each segment's last token, in segment order (invariant steps
     return padding rows after them)."""
-    with torch.no_grad():
+    with torch.no_grad(), fixed_row_linears(model) if step.invariant else nullcontext():
         output = model(**step.model_inputs(), past_key_values=step, use_cache=True, presto_step=step)
     return output.logits[0]
