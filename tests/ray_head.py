@@ -50,6 +50,17 @@ def answers(port: int) -> bool:
         return False
 
 
+def ended_after_head_loss(head: "Head", process: subprocess.Popen, log: Path, what: str, timeout_s: float = 90) -> float:
+    """Lose `head` under `process` (a driver joined to it) and wait for the process to end: the
+    seconds from the kill to its end; fails, with its log, if it does not end within `timeout_s`."""
+    killed_at = head.lose()
+    try:
+        process.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"{what} did not end within {timeout_s:g} s of the head's loss:\n{log.read_text()}") from None
+    return time.monotonic() - killed_at
+
+
 class Head:
     """`ray start --head --block` in its own session; `lose()` SIGKILLs its whole process tree.
     `env`: more of the head's environment (what its workers inherit)."""

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -21,7 +20,7 @@ import pytest
 pytest.importorskip("ray.data")
 
 from node_faults import _committed, write_job  # noqa: E402
-from ray_head import Head, clean_env, own_lines  # noqa: E402
+from ray_head import Head, clean_env, ended_after_head_loss, own_lines  # noqa: E402
 from ray_helpers import assert_same_samples, reference, toy_job, with_engine  # noqa: E402
 from waiting import wait_for  # noqa: E402
 
@@ -53,12 +52,7 @@ def test_a_job_whose_cluster_loses_its_head_stops_in_one_line_and_resumes_on_a_n
         wait_for(lambda: job.poll() is None and len(_committed(out)) >= 1 or job.poll() is not None, 180,
                  "the job's first committed file", interval_s=0.05)  # fmt: skip
         assert job.poll() is None, log.read_text()
-        killed_at = head.lose()
-        try:
-            job.wait(timeout=90)
-        except subprocess.TimeoutExpired:
-            raise AssertionError(f"the job did not end within 90 s of the head's loss:\n{log.read_text()}") from None
-        ended_after_s = time.monotonic() - killed_at
+        ended_after_s = ended_after_head_loss(head, job, log, "the job")
     finally:
         if job is not None and job.poll() is None:
             job.kill()

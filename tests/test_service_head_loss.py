@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 
 import pytest
 import yaml
@@ -21,7 +20,7 @@ import yaml
 pytest.importorskip("ray.serve")
 httpx = pytest.importorskip("httpx")
 
-from ray_head import Head, clean_env, free_port, own_lines  # noqa: E402
+from ray_head import Head, clean_env, ended_after_head_loss, free_port, own_lines  # noqa: E402
 from waiting import wait_for  # noqa: E402
 
 from deployments.proxy_callback import PROXY_CALLBACK, PROXY_CALLBACK_ENV  # noqa: E402
@@ -56,12 +55,7 @@ def test_a_service_whose_cluster_loses_its_head_stops_in_one_line(tmp_path):
                             json={"model": "toy", "prompt": "hello", "max_tokens": 8, "seed": 1})  # fmt: skip
         assert answer.status_code == 200 and answer.json()["choices"][0]["text"], answer.text
         service_pids = {server.pid, *process_tree(server.pid)}
-        killed_at = head.lose()
-        try:
-            server.wait(timeout=90)
-        except subprocess.TimeoutExpired:
-            raise AssertionError(f"the service did not end within 90 s of the head's loss:\n{log.read_text()}") from None
-        ended_after_s = time.monotonic() - killed_at
+        ended_after_s = ended_after_head_loss(head, server, log, "the service")
     finally:
         if server is not None and server.poll() is None:
             server.kill()
