@@ -11,7 +11,6 @@ from collections import deque
 from functools import cache
 
 import numpy as np
-from sklearn.linear_model import LogisticRegression
 from threadpoolctl import ThreadpoolController
 
 ACCEPT, REJECT, UNCERTAIN = 0, 1, 2
@@ -96,6 +95,10 @@ class EdgePredictor:
         x = np.concatenate([grid_x, np.fromiter(self._features, float)])[:, None]
         y = np.concatenate([grid_y, np.fromiter(self._labels, int)])
         w = np.concatenate([grid_w, np.ones(len(self._labels))])
+        # imported here: scikit-learn takes ~0.8 s to import, which every process that loads the
+        # package (each Ray worker, each CLI run) would pay though most never fit
+        from sklearn.linear_model import LogisticRegression
+
         model = LogisticRegression(C=100.0, max_iter=500)
         # BLAS on one thread: a 6-parameter problem gains nothing from more, and OpenBLAS's
         # threads spinning beside scikit-learn's made a fit ~5x the CPU time (29 -> 6 ms on 4,096
