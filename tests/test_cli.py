@@ -1,5 +1,6 @@
 """The main job end to end: the real console script, real files, real Parquet."""
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -91,16 +92,45 @@ def test_parquet_prompts_and_chat_messages(tmp_path):
 
     prompts = tmp_path / "p.parquet"
     pq.write_table(pa.Table.from_pylist([{"id": "x", "prompt": "hello", "messages": None}]), prompts)
-    # the toy engine: this is about reading Parquet prompts (test_main_job_on_the_real_model runs vLLM)
+    # the toy engine: this is about reading Parquet prompts (test_main_job_on_the_real_model_shuts_vllm_down_without_a_traceback runs vLLM)
     toy = str(ROOT / "configs/toy.yaml")
     proc = run_cli("sample", "--config", toy, "--prompts", str(prompts), "--out", str(tmp_path / "o.parquet"), "--chains", "1", "--quiet")
     assert proc.returncode == 0, proc.stderr
     assert pq.read_table(tmp_path / "o.parquet").num_rows == 1
 
 
+# The main job's command line with vLLM's engine-core shutdown slowed by a second, as on a busy
+# machine (`make sample` hit it every time): AsyncLLM.shutdown stops the core before it cancels its
+# output handler, and when the loop ran in between the handler logged the dead core's
+# EngineDeadError with a traceback. The engine cancels the handler first: nothing to log. One
+# fresh vLLM in its own process checks both the main job and that shutdown.
+SLOW_SHUTDOWN_CLI = """
+import sys
+import time
+
+from vllm.v1.engine import core_client
+
+from presto_ray.cli import main
+
+stop_core = core_client.AsyncMPClient.shutdown
+
+
+def slow_core_shutdown(self, *args, **kwargs):
+    stop_core(self, *args, **kwargs)
+    print("engine core stopped; holding the window open", flush=True)
+    time.sleep(1.0)
+
+
+if __name__ == "__main__":  # vLLM's engine core starts by spawn, which imports this file again
+    core_client.AsyncMPClient.shutdown = slow_core_shutdown
+    sys.exit(main(sys.argv[1:]))
+"""
+
+
 @pytest.mark.vllm
-def test_main_job_on_the_real_model(tmp_path, vllm_engine):
-    """The default main job: vLLM on the CPU with the packaged SmolLM2 (a separate process)."""
+def test_main_job_on_the_real_model_shuts_vllm_down_without_a_traceback(tmp_path, vllm_engine):
+    """The default main job: vLLM on the CPU with the packaged SmolLM2 (a separate process), its
+    engine core's shutdown held open (SLOW_SHUTDOWN_CLI)."""
     cfg = tmp_path / "local.yaml"
     text = (ROOT / "configs/local.yaml").read_text()
     text = text.replace("block_size: 48", "block_size: 16").replace("mh_steps: 10", "mh_steps: 3")
@@ -109,10 +139,16 @@ def test_main_job_on_the_real_model(tmp_path, vllm_engine):
     prompts.write_text('{"id": "fr", "prompt": "What is the capital of France?"}\n'
                        '{"id": "chat", "messages": [{"role": "user", "content": "Say hello."}]}\n')
     out = tmp_path / "s.parquet"
-    proc = run_cli("sample", "--prompts", str(prompts), "--out", str(out), "--config", str(cfg))
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    cli = tmp_path / "slow_shutdown_cli.py"
+    cli.write_text(SLOW_SHUTDOWN_CLI)
+    proc = subprocess.run([sys.executable, str(cli), "sample", "--prompts", str(prompts), "--out", str(out), "--config", str(cfg)],
+                          cwd=ROOT, env={**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"},
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output[-3000:]
+    assert "engine core stopped; holding the window open" in proc.stdout, output[-3000:]
     # vLLM logs to stdout: a clean run ends without its output handler's EngineDeadError traceback
-    assert "Traceback" not in proc.stdout + proc.stderr and "EngineDeadError" not in proc.stdout + proc.stderr
+    assert "Traceback" not in output and "EngineDeadError" not in output, output[-3000:]
     rows = {r["prompt_id"]: r for r in pq.read_table(out).to_pylist()}
     assert set(rows) == {"fr", "chat"}
     assert all(r["text"].strip() and r["transitions"] == 3 for r in rows.values())
