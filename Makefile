@@ -7,7 +7,7 @@ PYTHON ?= python3
 STAMP := $(VENV)/.installed
 PIP := $(VENV)/bin/pip
 
-.PHONY: install sample test test-fast lint bench bench-virtual bench-real bench-real-early-rejection bench-transformers bench-ray bench-coordinator load-test validate-real eval-real clean
+.PHONY: install sample test test-fast lint bench bench-virtual bench-real bench-real-early-rejection bench-transformers bench-ray bench-coordinator bench-grade load-test validate-real eval-real clean
 
 install: $(STAMP)
 
@@ -75,6 +75,9 @@ bench-ray: $(STAMP)
 
 bench-coordinator: $(STAMP)
 	$(VENV)/bin/presto-ray bench-coordinator --out bench/results/coordinator_rate.json
+
+bench-grade: $(STAMP)
+	$(VENV)/bin/python -m bench.grade_speed --out bench/results/grade_speed.json
 
 load-test: $(STAMP)
 	$(VENV)/bin/presto-ray load-test --clients 8,32,128 --duration 10 --passes 2 --out bench/results/load_test.json
