@@ -15,12 +15,14 @@ deployments/proxy_callback.py (safe request ids, a bound on the time to send hea
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from ray import serve
 from ray.serve import Application
 from ray.serve.deployment import Deployment
 
+from actors.engine_replica import ReplicaHandle
 from actors.node_demands import service_demands
 from deployments import ingress, sampling_pool, service_runner
 from deployments.proxy_callback import proxy_middlewares
@@ -50,18 +52,20 @@ def build_app(args: dict[str, Any] | None = None) -> Application:
     return app_for(config)
 
 
-def app_for(config: JobConfig) -> Application:
+def app_for(config: JobConfig, replicas: Sequence[ReplicaHandle] | None = None) -> Application:
     """The application: the ingress (replicas or autoscaling from `serve:`) over one sampling pool.
     Placement (`ray.placement`): the ingress replicas reserve `ingress_resources`; the pool, which
     owns the engine replicas and the coordinators (they die with it), reserves
-    `coordinator_resources`, so it shares the coordinators' node and never a replica's."""
+    `coordinator_resources`, so it shares the coordinators' node and never a replica's. `replicas`:
+    engine replicas of `config.engine` the caller started and owns, served instead of the pool's own
+    (the pool starts coordinators over them, and neither autoscales nor stops them)."""
     as_json = config.model_dump(mode="json")
     placement = config.ray.placement
     ingress_deployment = PrestoIngress.options(
         **config.serve.ingress_deployment_options(), ray_actor_options=_actor_options(placement.ingress_resources)
     )
     pool = SamplingPool.options(ray_actor_options=_actor_options(placement.coordinator_resources))
-    return ingress_deployment.bind(as_json, pool.bind(as_json))
+    return ingress_deployment.bind(as_json, pool.bind(as_json, list(replicas) if replicas else None))
 
 
 def _actor_options(resources: dict[str, float]) -> dict[str, Any]:

