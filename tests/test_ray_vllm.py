@@ -8,6 +8,7 @@ import pytest
 from presto_ray.job import JobConfig, run_job
 from presto_ray.output import read_samples
 from presto_ray.prompts import PromptItem
+from vllm_settings import ENGINE
 
 pytestmark = pytest.mark.vllm
 ray = pytest.importorskip("ray")
@@ -26,12 +27,12 @@ def test_vllm_replica_under_ray_data_writes_the_in_process_samples(vllm_replicas
     ]
     config = JobConfig.model_validate(
         {
+            "engine": ENGINE,  # the engine the shared replica runs
             "sampler": {"block_size": 16, "num_blocks": 1, "mh_steps": 4, "prefetch_budget": 4, "seed": 3, "schedule": "rounds"},
             "chains_per_prompt": 2,
         }
     )
     expected = {(r["prompt_id"], r["chain"]): r for r in run_job(items, config, vllm_engine).rows}
-    assert config.engine == JobConfig().engine  # the engine the shared replica runs
     for schedule in ("rounds", "streaming"):  # one vLLM replica for both schedules
         job = config.model_copy(update={"sampler": config.sampler.model_copy(update={"schedule": schedule})})
         processor = build_power_sampling_processor(job, replicas=vllm_replicas, concurrency=2, batch_size=1)

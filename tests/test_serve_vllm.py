@@ -8,6 +8,7 @@ from presto_ray.config import SamplerConfig
 from presto_ray.driver import sample
 from presto_ray.job import JobConfig
 from presto_ray.keys import derive_seed
+from vllm_settings import ENGINE
 
 pytestmark = pytest.mark.vllm
 LOGP0_TOLERANCE = 2e-3  # vLLM on the CPU against transformers, as tests/test_engine_conformance.py allows
@@ -22,7 +23,7 @@ def test_vllm_service_returns_the_in_process_sample(serve_base_url, vllm_replica
 
     from deployments.serve_app import app_for
 
-    config = JobConfig.model_validate({"sampler": {"mh_steps": 3, "prefetch_budget": 4}})
+    config = JobConfig.model_validate({"engine": ENGINE, "sampler": {"mh_steps": 3, "prefetch_budget": 4}})
     serve.run(app_for(config, replicas=vllm_replicas), name="vllm", route_prefix="/vllm")
     try:
         c = openai.OpenAI(base_url=f"{serve_base_url}/vllm/v1", api_key="none", max_retries=0, timeout=300)

@@ -35,7 +35,7 @@ class VLLMEngineConfig(VLLMEngineConfigBase):
 
         model_dir = resolve_model_dir(self)
         weights = sorted((f.name, f.stat().st_size) for f in model_dir.iterdir() if f.suffix in (".safetensors", ".bin"))
-        throughput_only = {"gpu_memory_utilization", "max_num_seqs", "speculation_batch", "cpu_threads_bind", "enforce_eager"}
+        throughput_only = {"gpu_memory_utilization", "kv_cache_gib", "max_num_seqs", "speculation_batch", "cpu_threads_bind", "enforce_eager"}
         return {
             **self.model_dump(mode="json", exclude=throughput_only),
             "model_config": (model_dir / "config.json").read_text(),

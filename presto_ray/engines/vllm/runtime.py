@@ -64,6 +64,7 @@ class VLLMRuntime:
             enforce_eager=c.enforce_eager,
             block_size=c.kv_block_size,
             gpu_memory_utilization=c.gpu_memory_utilization,
+            kv_cache_memory_bytes=None if c.kv_cache_gib is None else int(c.kv_cache_gib * 2**30),
             max_model_len=c.max_model_len,
             max_num_seqs=c.max_num_seqs,
             tensor_parallel_size=c.tensor_parallel_size,

@@ -30,6 +30,12 @@ class VLLMEngineConfigBase(BaseModel):
         32, ge=1, description="Tokens per KV-cache block: the prefix cache reuses full blocks only."
     )
     gpu_memory_utilization: float = Field(0.3, gt=0.0, le=1.0, description="Share of (NUMA-node) memory for vLLM.")
+    kv_cache_gib: float | None = Field(
+        None, gt=0.0,
+        description="The KV cache's size in GiB (vLLM's kv_cache_memory_bytes), the same on every machine; None: "
+        "gpu_memory_utilization's share of the memory less the engine's own (on CPUs that share is of the NUMA "
+        "node, so the cache, and the seconds its allocation takes at start-up, follow the machine).",
+    )
     max_model_len: int = Field(2048, ge=16, description="Longest prompt + generation.")
     max_num_seqs: int = Field(64, ge=1, description="Most sequences vLLM decodes at once.")
     tensor_parallel_size: int = Field(1, ge=1, description="GPUs one engine spans (device 'gpu').")
