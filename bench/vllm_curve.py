@@ -111,7 +111,9 @@ def main() -> None:
     from presto_ray.job import JobConfig
 
     job = JobConfig.from_yaml(args.config)
-    engine = VLLMEngine(job.engine)  # type: ignore[arg-type]  # the config's engine is vLLM's
+    if job.engine.kind != "vllm":
+        parser.error(f"--config {args.config}: engine.kind is {job.engine.kind!r}; this measures a vLLM engine")
+    engine = VLLMEngine(job.engine)
     try:
         figures = measure(engine, args)
     finally:

