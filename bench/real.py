@@ -93,11 +93,17 @@ class KVCachePeak:
     AsyncLLM runs its stat loggers in this process: after every engine step its output handler
     sets the Prometheus gauge from the step's scheduler stats. The gauge's `set` is wrapped, so
     every value it takes is seen (no polling, no step missed). `available` is False where there is
-    no such gauge (the toy engine, or vLLM with log stats off); `peak` is then None."""
+    no such gauge (the toy engine, or vLLM with log stats off); `peak` is then None.
+
+    The same wrap counts the gauge's `set` calls (`steps`): vLLM's scheduler attaches its stats to
+    every engine step's outputs, and the logger sets the gauge once per stats it receives, so the
+    count between `reset` and `steps` is the number of engine steps that ran (summed over engines
+    where the gauge is labelled with several); None where there is no gauge."""
 
     def __init__(self, registry: Any = None) -> None:
         self._lock = threading.Lock()
         self._peak: float | None = None
+        self._sets = 0
         self._restore: list[tuple[Any, Any]] = []
         if registry is None:
             try:
@@ -118,6 +124,7 @@ class KVCachePeak:
             original(value)
             with self._lock:
                 self._peak = float(value) if self._peak is None else max(self._peak, float(value))
+                self._sets += 1
 
         return set_and_track
 
@@ -128,11 +135,20 @@ class KVCachePeak:
     def reset(self) -> None:
         with self._lock:
             self._peak = None
+            self._sets = 0
 
     @property
     def peak(self) -> float | None:
         with self._lock:
             return self._peak
+
+    @property
+    def steps(self) -> int | None:
+        """The gauge's `set` calls since `reset` (engine steps); None where there is no gauge."""
+        if not self.available:
+            return None
+        with self._lock:
+            return self._sets
 
     def close(self) -> None:
         for child, own in self._restore:

@@ -10,8 +10,13 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from presto_ray.cli.common import EXAMPLES, FAILED, OK, BadInput, Subparsers, comma_ints, fail, progress
+
+if TYPE_CHECKING:
+    from presto_ray.engines.base import Engine
+    from presto_ray.job import JobConfig
 
 
 def _budgets(text: str) -> tuple[int, ...]:
@@ -129,6 +134,8 @@ def cmd_bench_real(args: argparse.Namespace) -> int:
     for flag, value in (("--mh-steps", args.mh_steps), ("--block-size", args.block_size)):
         if value is not None and value < (0 if flag == "--mh-steps" else 1):
             return fail(f"{flag}: expected {'0 or more' if flag == '--mh-steps' else 'at least 1'}, got {value}")
+    if args.chain_counts is not None:
+        return _bench_real_load(args)
     if args.config is not None:
         return _bench_real_from_config(args, budgets)
     from bench.real import VARIANT_RUNS, format_report, format_samples_check, run_real_bench
@@ -146,7 +153,7 @@ def cmd_bench_real(args: argparse.Namespace) -> int:
         out_json=args.out,
         out_png=args.png,
         progress=progress,
-        early_rejection=args.early_rejection,
+        early_rejection=args.early_rejection or "both",
         num_prompts=args.n,
     )
     print(format_report(report))
@@ -158,33 +165,23 @@ def cmd_bench_real(args: argparse.Namespace) -> int:
 def _bench_real_from_config(args: argparse.Namespace, budgets: tuple[int, ...]) -> int:
     """bench-real on the engine a job config's `engine:` section builds (as `presto-ray sample`
     does), with its sampler's settings; exit 1 where a run's samples differ from serial's."""
-    import sys
-
-    from presto_ray.cli.common import load_job_config, watch_engine_processes
-    from presto_ray.cli.sample import quiet_engine_logs
-    from presto_ray.engines import build_engine
-    from presto_ray.prompts import PromptFileError, read_prompts
+    from presto_ray.cli.common import load_job_config
 
     if args.logp0_from is not None:
-        return fail("--logp0-from is the default vLLM engine's; with --config set engine.logp0_from in the config")
+        return fail(LOGP0_WITH_CONFIG)
     try:
         config = load_job_config(args)
-        if not read_prompts(args.prompts)[: args.n]:
-            raise BadInput(f"--prompts {args.prompts}: no prompts")
-    except (BadInput, PromptFileError) as e:
+        _check_prompts(args)
+    except BadInput as e:
         return fail(str(e))
     from bench.real import VARIANT_RUNS, format_report, format_samples_check, run_real_bench
 
     out = args.out or f"bench/results/{Path(args.config).stem}_bench_real.json"
     png = args.png or str(Path(out).with_suffix(".png"))
-    if not args.verbose:
-        quiet_engine_logs()
-    watch_engine_processes(config)
     try:
-        engine = build_engine(config.engine)
-    except (RuntimeError, ValueError, OSError, ImportError) as e:  # ModelProvisionError is a RuntimeError
-        reason = " ".join(str(e).split()) or type(e).__name__  # one line: transformers' errors span several
-        return fail(f"--config {args.config}: cannot build its {config.engine.kind} engine: {reason}")
+        engine = _start_engine(args, config, f"--config {args.config}")
+    except BadInput as e:
+        return fail(str(e))
     try:
         report = run_real_bench(
             args.prompts,
@@ -199,7 +196,7 @@ def _bench_real_from_config(args: argparse.Namespace, budgets: tuple[int, ...]) 
             out_json=out,
             out_png=png,
             progress=progress,
-            early_rejection=args.early_rejection,
+            early_rejection=args.early_rejection or "both",
             num_prompts=args.n,
         )
     except ValueError as e:  # e.g. a prompt longer than the engine's context
@@ -208,6 +205,44 @@ def _bench_real_from_config(args: argparse.Namespace, budgets: tuple[int, ...]) 
         engine.shutdown()
     print(format_report(report))
     print(format_samples_check(report))
+    return _machine_and_verdict(report, out, png)
+
+
+LOGP0_WITH_CONFIG = "--logp0-from is the default vLLM engine's; with --config set engine.logp0_from in the config"
+
+
+def _check_prompts(args: argparse.Namespace) -> None:
+    """BadInput where --prompts cannot be read or holds no prompts (with --n: among the first N)."""
+    from presto_ray.prompts import PromptFileError, read_prompts
+
+    try:
+        if not read_prompts(args.prompts)[: args.n]:
+            raise BadInput(f"--prompts {args.prompts}: no prompts")
+    except PromptFileError as e:
+        raise BadInput(str(e)) from None
+
+
+def _start_engine(args: argparse.Namespace, config: JobConfig, source: str) -> Engine:
+    """The engine `config.engine` builds, as `presto-ray sample` builds it (its logs quiet unless
+    --verbose, vLLM's processes watched); BadInput naming `source` where it cannot be built."""
+    from presto_ray.cli.common import watch_engine_processes
+    from presto_ray.cli.sample import quiet_engine_logs
+    from presto_ray.engines import build_engine
+
+    if not args.verbose:
+        quiet_engine_logs()
+    watch_engine_processes(config)
+    try:
+        return build_engine(config.engine)
+    except (RuntimeError, ValueError, OSError, ImportError) as e:  # ModelProvisionError is a RuntimeError
+        reason = " ".join(str(e).split()) or type(e).__name__  # one line: transformers' errors span several
+        raise BadInput(f"{source}: cannot build its {config.engine.kind} engine: {reason}") from None
+
+
+def _machine_and_verdict(report: dict, out: str, png: str) -> int:
+    """The machine's line and what was written; exit 1 where a run's samples differ from serial's."""
+    import sys
+
     machine = report["machine"]
     print(
         f"bench wall clock {machine['bench_wall_time_s']:.1f} s (engine start {report['config']['engine_startup_s']:.1f} s "
@@ -219,6 +254,71 @@ def _bench_real_from_config(args: argparse.Namespace, budgets: tuple[int, ...]) 
         print("presto-ray: error: a run's samples differ from serial's", file=sys.stderr)
         return FAILED
     return OK
+
+
+def _bench_real_load(args: argparse.Namespace) -> int:
+    """bench-real --chains: every setting at each number of chains in flight at once (bench/real_load.py),
+    on --config's engine and sampler, or the default vLLM engine with the sampler's defaults (K 20,
+    T 48 unless given); exit 1 where a setting's samples differ from serial's."""
+    from presto_ray.cli.common import load_job_config
+    from presto_ray.config import SamplerConfig
+    from presto_ray.engines.specs import VLLMEngineConfig
+    from presto_ray.job import JobConfig
+
+    if args.variants:
+        return fail("--variants is the one-chain bench's: --chains runs PowerMH serial, rounds and streaming only")
+    if args.early_rejection not in (None, "both"):
+        return fail("--early-rejection is the one-chain bench's: --chains runs every setting off and on")
+    if args.repeats < 1:
+        return fail(f"--repeats: expected at least 1, got {args.repeats}")
+    try:
+        counts = comma_ints(
+            args.chain_counts,
+            invalid="--chains: expected comma-separated integers (e.g. 1,4,16,64), got {text!r}",
+            below_one="--chains: every number of chains must be at least 1",
+        )
+        if args.config is not None:
+            if args.logp0_from is not None:
+                raise BadInput(LOGP0_WITH_CONFIG)
+            config, source = load_job_config(args), f"--config {args.config}"
+            sampler, mh_steps, block_size = config.sampler, config.sampler.mh_steps, config.sampler.block_size
+        else:
+            config = JobConfig(engine=VLLMEngineConfig(logp0_from=args.logp0_from or "sampler"))
+            sampler, mh_steps, block_size, source = SamplerConfig(), 20, 48, "the default vLLM engine"
+        _check_prompts(args)
+    except BadInput as e:
+        return fail(str(e))
+    from bench.real_load import format_report, format_samples_check, run_real_load_bench
+
+    out = args.out or f"bench/results/{Path(args.config).stem if args.config else 'vllm_cpu'}_load.json"
+    png = args.png or str(Path(out).with_suffix(".png"))
+    try:
+        engine = _start_engine(args, config, source)
+    except BadInput as e:
+        return fail(str(e))
+    try:
+        report = run_real_load_bench(
+            args.prompts,
+            counts,
+            engine,
+            engine_spec=config.engine,
+            sampler_config=sampler,
+            mh_steps=mh_steps if args.mh_steps is None else args.mh_steps,
+            block_size=block_size if args.block_size is None else args.block_size,
+            repeats=args.repeats,
+            seed=sampler.seed,
+            num_prompts=args.n,
+            out_json=out,
+            out_png=png,
+            progress=progress,
+        )
+    except ValueError as e:  # e.g. a prompt longer than the engine's context
+        return fail(str(e))
+    finally:
+        engine.shutdown()
+    print(format_report(report))
+    print(format_samples_check(report))
+    return _machine_and_verdict(report, out, png)
 
 
 def cmd_bench_coordinator(args: argparse.Namespace) -> int:
@@ -326,7 +426,15 @@ def add_bench_real(sub: Subparsers) -> None:
         "exit 1 if a run's samples differ from serial's",
     )  # fmt: skip
     r.add_argument("--prompts", default=str(EXAMPLES))
-    r.add_argument("--budgets", default="4,8,16")
+    r.add_argument("--budgets", default="4,8,16", help="prefetch budgets (default 4,8,16; not with --chains)")
+    r.add_argument(
+        "--chains", default=None, dest="chain_counts", metavar="CHAINS",
+        help="load bench: numbers of chains in flight at once, e.g. 1,4,16,64 (chain i on prompt i %% P): serial, "
+        "rounds and streaming, early rejection off and on, all chains in one call, on --config's engine and "
+        "sampler (its prefetch budget) or the default vLLM engine; report bench/results/<config name or "
+        "vllm_cpu>_load.json",
+    )  # fmt: skip
+    r.add_argument("--repeats", type=int, default=2, help="--chains: times over the settings, order reversed each time (default 2)")
     r.add_argument("--mh-steps", type=int, default=None, help="K (default 20; with --config, the config's)")
     r.add_argument("--block-size", type=int, default=None, help="T (default 48; with --config, the config's)")
     r.add_argument(
@@ -337,9 +445,9 @@ def add_bench_real(sub: Subparsers) -> None:
     r.add_argument("--verbose", action="store_true", help="--config: keep the engine's own log lines")
     r.add_argument("--variants", action="store_true", help="PowerMH, EntropyCut and MultiTryMH: serial vs prefetching")
     r.add_argument(
-        "--early-rejection", choices=["both", "on", "off"], default="both",
+        "--early-rejection", choices=["both", "on", "off"], default=None,
         help="exact early rejection: every run off and on side by side (both, the default; ratios vs serial off), "
-        "or only one setting",
+        "or only one setting (not with --chains: always both)",
     )
     r.add_argument("--n", type=int, default=None, help="only the first N prompts (default all)")
     r.add_argument(
