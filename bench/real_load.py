@@ -36,8 +36,10 @@ from presto_ray.job import encode_prompt, prompt_seed
 from presto_ray.output import write_json_atomic
 from presto_ray.prompts import read_prompts
 
-# (name, schedule, traversal, early rejection): serial, then each schedule's prefetching, each off and on
-SETTINGS: tuple[tuple[str, str, str, bool], ...] = (
+Setting = tuple[str, str, str, bool]  # (name, schedule, traversal, early rejection)
+# serial chains (one request a step, all chains' requests in one call per round: the baseline), then
+# each schedule's prefetching, each off and on
+SETTINGS: tuple[Setting, ...] = (
     ("serial", "rounds", "serial", False),
     ("serial + early rejection", "rounds", "serial", True),
     ("rounds", "rounds", "predictive", False),
@@ -45,6 +47,13 @@ SETTINGS: tuple[tuple[str, str, str, bool], ...] = (
     ("streaming", "streaming", "predictive", False),
     ("streaming + early rejection", "streaming", "predictive", True),
 )
+# Serial chains streamed: still one request a step, but each chain sends its next request as soon
+# as its last one ends instead of waiting for the round's slowest (`--settings all`)
+STREAMED_SERIAL: tuple[Setting, ...] = (
+    ("serial streamed", "streaming", "serial", False),
+    ("serial streamed + early rejection", "streaming", "serial", True),
+)
+ALL_SETTINGS: tuple[Setting, ...] = SETTINGS[:2] + STREAMED_SERIAL + SETTINGS[2:]
 SERIAL = SETTINGS[0][0]
 
 COLUMNS: Columns = [
@@ -78,13 +87,16 @@ def run_real_load_bench(
     out_json: str | Path | None = None,
     out_png: str | Path | None = None,
     progress: Callable[[str], None] | None = None,
+    settings: Sequence[Setting] = SETTINGS,
 ) -> dict:
-    """Every setting of SETTINGS at every chain count, `repeats` times, on `engine` (left running:
+    """Every setting of `settings` (default SETTINGS; serial, the baseline, must be one) at every chain count, `repeats` times, on `engine` (left running:
     the caller built it; `engine_spec` the job config section that did, recorded). `sampler_config`
     (default SamplerConfig()) gives every other setting (alpha, the predictive settings' prefetch
     budget), with `block_size`, `mh_steps` and one block; `num_prompts`: only the first N prompts."""
     if not chain_counts or min(chain_counts) < 1 or repeats < 1:
         raise ValueError("chain counts and repeats must be at least 1")
+    if SERIAL not in (name for name, *_ in settings):
+        raise ValueError(f"the settings must include {SERIAL!r}, the baseline")
     load_at_start = os.getloadavg()
     bench_started = time.perf_counter()
     items = read_prompts(prompts_path)[:num_prompts]
@@ -98,10 +110,10 @@ def run_real_load_bench(
             "schedule": schedule, "traversal": traversal, "early_rejection": on,
             "prefetch_budget": 1 if traversal == "serial" else base.prefetch_budget,
         })
-        for name, schedule, traversal, on in SETTINGS
+        for name, schedule, traversal, on in settings
     }  # fmt: skip
     mine = (base.schedule, base.traversal, base.early_rejection)
-    default = next((name for name, *setting in SETTINGS if tuple(setting) == mine), None)
+    default = next((name for name, *setting in settings if tuple(setting) == mine), None)
     kv = KVCachePeak()
     clear_prefix_cache = getattr(getattr(engine, "prefix_cache", None), "clear", None)  # the transformers engine's
     measured: dict[tuple[int, str], list[dict]] = {}
@@ -116,7 +128,7 @@ def run_real_load_bench(
             prompts = [encoded[item.id] for item, _ in work]
             seeds = [prompt_seed(seed, item.id, chain) for item, chain in work]
             for repeat in range(repeats):
-                order = SETTINGS if repeat % 2 == 0 else SETTINGS[::-1]
+                order = settings if repeat % 2 == 0 else settings[::-1]
                 for name, *_ in order:
                     configs = [templates[name].model_copy(update={"seed": s}) for s in seeds]
                     if clear_prefix_cache is not None:
@@ -146,7 +158,7 @@ def run_real_load_bench(
                         )
     finally:
         kv.close()
-    rows = [_row(chains, setting, templates[setting[0]], default, measured, tokens) for chains in chain_counts for setting in SETTINGS]
+    rows = [_row(chains, setting, templates[setting[0]], default, measured, tokens) for chains in chain_counts for setting in settings]
     report = {
         "timestamp": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "config": {
@@ -162,6 +174,7 @@ def run_real_load_bench(
             "sampler": base.model_dump(exclude={"traversal", "seed", "schedule", "early_rejection"}),
             "defaults": default,  # the setting that is the sampler config as shipped (None: none of them)
             "chain_counts": list(chain_counts),
+            "settings": [dict(zip(("name", "schedule", "traversal", "early_rejection"), s)) for s in settings],
             "repeats": repeats,
             "repeat_order": "settings forward in even repeats, backward in odd ones (A B ... B A), per chain count",
             "prompts": [item.id for item in items],
@@ -194,7 +207,7 @@ def run_real_load_bench(
 
 def _row(
     chains: int,
-    setting: tuple[str, str, str, bool],
+    setting: Setting,
     config: SamplerConfig,
     default: str | None,
     measured: dict[tuple[int, str], list[dict]],
@@ -277,8 +290,8 @@ def plot(report: dict, path: str | Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    colors = {"serial": "tab:gray", "rounds": "tab:orange", "streaming": "tab:blue"}
-    for name, *_ in SETTINGS:
+    colors = {"serial": "tab:gray", "serial streamed": "tab:green", "rounds": "tab:orange", "streaming": "tab:blue"}
+    for name in dict.fromkeys(r["setting"] for r in report["rows"]):
         line = [r for r in report["rows"] if r["setting"] == name]
         style: dict[str, Any] = {
             "color": colors[name.split(" + ")[0]], "linestyle": "-" if line[0]["early_rejection"] else ":", "marker": "o",

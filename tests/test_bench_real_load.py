@@ -191,3 +191,24 @@ def test_bad_chains_flags_exit_2_naming_the_flag(tmp_path, capsys, flags, messag
     err = capsys.readouterr().err
     assert err.startswith("presto-ray: error: ") and message in err and err.count("\n") == 1, err
     assert not out.exists()
+
+
+def test_all_settings_add_streamed_serial_chains_with_serials_samples(prompts, tmp_path, capsys):
+    """`--settings all`: serial chains streamed (each chain's next request as soon as its last
+    ends) beside the standard rows, the same samples; serial must be among any settings given."""
+    from bench.real_load import ALL_SETTINGS
+
+    report = run_real_load_bench(prompts, (3,), ToyEngine(**PEAKED), mh_steps=3, block_size=8, repeats=1, settings=ALL_SETTINGS)
+    rows = {r["setting"]: r for r in report["rows"]}
+    assert list(rows) == [name for name, *_ in ALL_SETTINGS] and len(rows) == len(SETTINGS) + 2
+    streamed = rows["serial streamed + early rejection"]
+    assert (streamed["schedule"], streamed["traversal"], streamed["budget"]) == ("streaming", "serial", 1)
+    assert all(r["same_as_serial"] for r in rows.values()) and report["samples_check"]["all_same"]
+    assert [s["name"] for s in report["config"]["settings"]] == list(rows)
+    with pytest.raises(ValueError, match="must include 'serial'"):
+        run_real_load_bench(prompts, (1,), ToyEngine(**PEAKED), settings=ALL_SETTINGS[1:])
+    out = tmp_path / "all.json"
+    argv = ["bench-real", "--config", TOY_YAML, "--chains", "2", "--repeats", "1", "--mh-steps", "2", "--block-size", "8"]
+    assert main([*argv, "--settings", "all", "--n", "2", "--out", str(out), "--png", str(tmp_path / "all.png")]) == 0
+    assert [r["setting"] for r in json.loads(out.read_text())["rows"]] == [name for name, *_ in ALL_SETTINGS]
+    capsys.readouterr()

@@ -288,7 +288,7 @@ def _bench_real_load(args: argparse.Namespace) -> int:
         _check_prompts(args)
     except BadInput as e:
         return fail(str(e))
-    from bench.real_load import format_report, format_samples_check, run_real_load_bench
+    from bench.real_load import ALL_SETTINGS, SETTINGS, format_report, format_samples_check, run_real_load_bench
 
     out = args.out or f"bench/results/{Path(args.config).stem if args.config else 'vllm_cpu'}_load.json"
     png = args.png or str(Path(out).with_suffix(".png"))
@@ -311,6 +311,7 @@ def _bench_real_load(args: argparse.Namespace) -> int:
             out_json=out,
             out_png=png,
             progress=progress,
+            settings=ALL_SETTINGS if args.settings == "all" else SETTINGS,
         )
     except ValueError as e:  # e.g. a prompt longer than the engine's context
         return fail(str(e))
@@ -434,6 +435,11 @@ def add_bench_real(sub: Subparsers) -> None:
         "sampler (its prefetch budget) or the default vLLM engine; report bench/results/<config name or "
         "vllm_cpu>_load.json",
     )  # fmt: skip
+    r.add_argument(
+        "--settings", choices=["standard", "all"], default="standard",
+        help="--chains: serial, rounds and streaming off and on (standard), or also serial chains streamed (all: "
+        "each chain's next request sent as soon as its last ends, not with the round's slowest)",
+    )
     r.add_argument("--repeats", type=int, default=2, help="--chains: times over the settings, order reversed each time (default 2)")
     r.add_argument("--mh-steps", type=int, default=None, help="K (default 20; with --config, the config's)")
     r.add_argument("--block-size", type=int, default=None, help="T (default 48; with --config, the config's)")
