@@ -40,8 +40,12 @@ def by_pair(rows) -> dict:
 
 
 def reference(items, config) -> dict:
-    """The in-process driver's rows for the same job: what every Ray path must write."""
-    return by_pair(run_job(items, config, build_engine(config.engine)).rows)
+    """The in-process driver's rows for the same job: what every Ray path must write (its engine
+    without the toy's latency model, which is no setting of the samples: no sleeps here)."""
+    spec = config.engine
+    if spec.kind == "toy":
+        spec = spec.model_copy(update={"call_latency_s": 0.0, "token_latency_s": 0.0})
+    return by_pair(run_job(items, config, build_engine(spec)).rows)
 
 
 def serial_reference(items, config) -> dict:

@@ -12,6 +12,7 @@ from presto_ray import SamplerConfig, sample
 from presto_ray.engines import build_engine
 from presto_ray.job import JobConfig, prompt_seed
 from presto_ray.output import SAMPLE_SCHEMA
+from vllm_settings import KV_CACHE_GIB
 
 ROOT = Path(__file__).resolve().parent.parent
 CLI = [sys.executable, "-m", "presto_ray.cli"]
@@ -134,6 +135,8 @@ def test_main_job_on_the_real_model_shuts_vllm_down_without_a_traceback(tmp_path
     cfg = tmp_path / "local.yaml"
     text = (ROOT / "configs/local.yaml").read_text()
     text = text.replace("block_size: 48", "block_size: 16").replace("mh_steps: 10", "mh_steps: 3")
+    text = text.replace("gpu_memory_utilization: 0.3", f"gpu_memory_utilization: 0.3\n  kv_cache_gib: {KV_CACHE_GIB}")
+    assert "kv_cache_gib" in text  # the suite's KV size (tests/vllm_settings.py): the share's 4.6 GiB cost ~6 s to allocate
     cfg.write_text(text.replace("chains_per_prompt: 2", "chains_per_prompt: 1"))
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"id": "fr", "prompt": "What is the capital of France?"}\n'

@@ -77,7 +77,9 @@ def test_a_killed_ray_driver_keeps_its_finished_batches_and_leaves_no_ray_behind
     done_before = len(read_samples(out))
     assert 4 <= done_before < 24 and done_before % 2 == 0, "killed part-way, each prompt's chains together"
 
-    second = _cli(args)
+    fast = tmp_path / "job_fast.yaml"  # the rerun without the slow calls: the latency is no setting of the samples
+    fast.write_text(yaml.safe_dump(with_engine(config, call_latency_s=0.0).model_dump(mode="json")))
+    second = _cli(["--config", str(fast), *args[2:]])
     printed = second.communicate(timeout=300)[0]
     assert second.returncode == 0, printed
     assert f"resumed              {done_before} finished pairs skipped" in printed, printed
