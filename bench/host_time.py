@@ -22,6 +22,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from bench.levers import SETTINGS, Setting
 from bench.table import Columns, format_table
 from bench.toy import TOY_ENGINE
 from presto_ray import __version__
@@ -32,15 +33,6 @@ from presto_ray.engines.toy import ToyEngine
 from presto_ray.keys import derive_seed
 from presto_ray.output import write_json_atomic
 
-# (name, schedule, traversal, early rejection): the serial chain and each lever on top of it
-SETTINGS: tuple[tuple[str, str, str, bool], ...] = (
-    ("serial", "rounds", "serial", False),
-    ("serial + early rejection", "rounds", "serial", True),
-    ("rounds", "rounds", "predictive", False),
-    ("rounds + early rejection", "rounds", "predictive", True),
-    ("streaming", "streaming", "predictive", False),
-    ("streaming + early rejection", "streaming", "predictive", True),
-)
 BASE = SamplerConfig(alpha=4.0, block_size=48, num_blocks=2, mh_steps=25, prefetch_budget=16, traversal="predictive", seed=0)
 
 # the parts of the control plane a profile names: (module file, function) -> part
@@ -180,7 +172,7 @@ def _profile(num_chains: int, setting: tuple[str, str, str, bool], base: Sampler
 def run_host_time_bench(
     chain_counts: Sequence[int] = (1, 4, 16),
     base: SamplerConfig = BASE,
-    settings: Sequence[tuple[str, str, str, bool]] = SETTINGS,
+    settings: Sequence[Setting] = SETTINGS,
     profile: bool = False,
     out_json: str | Path | None = None,
     progress: Callable[[str], None] | None = None,

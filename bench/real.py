@@ -243,14 +243,7 @@ def run_real_bench(
             "timestamp": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "config": {
                 "presto_ray_version": __version__,
-                "engine_kind": _engine_kind(engine, engine_spec),
-                "engine": (
-                    engine_spec.model_dump(mode="json") if engine_spec is not None
-                    else engine.config.model_dump() if hasattr(engine, "config") else type(engine).__name__
-                ),
-                "engine_runtime": _engine_runtime(engine),
-                "model_dir": getattr(engine, "model_dir", getattr(engine, "model_name", type(engine).__name__)),
-                "engine_startup_s": round(getattr(engine, "startup_time_s", 0.0), 1),
+                **engine_facts(engine, engine_spec),
                 "prompts": [item.id for item in items],
                 "sampler": base.model_dump(
                     exclude={"traversal", "prefetch_budget", "seed", "sampler", "num_tries", "schedule", "early_rejection"}
@@ -283,6 +276,21 @@ def run_real_bench(
     if out_png:
         plot(report, out_png)
     return report
+
+
+def engine_facts(engine: Any, spec: AnyEngineConfig | None) -> dict[str, Any]:
+    """What a report records of the engine it ran on: its kind, its config (the job config section
+    that built it, where one did), what it resolved at start-up, its model and its start time."""
+    return {
+        "engine_kind": _engine_kind(engine, spec),
+        "engine": (
+            spec.model_dump(mode="json") if spec is not None
+            else engine.config.model_dump() if hasattr(engine, "config") else type(engine).__name__
+        ),  # fmt: skip
+        "engine_runtime": _engine_runtime(engine),
+        "model_dir": str(getattr(engine, "model_dir", getattr(engine, "model_name", type(engine).__name__))),
+        "engine_startup_s": round(getattr(engine, "startup_time_s", 0.0), 1),
+    }
 
 
 def _engine_kind(engine: Any, spec: AnyEngineConfig | None) -> str:

@@ -24,8 +24,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from bench.levers import SETTINGS, Setting
 from bench.plots import save_figure
-from bench.real import KVCachePeak, _engine_kind, _engine_runtime, _Missing
+from bench.real import KVCachePeak, _Missing, engine_facts
 from bench.table import Columns, format_table
 from presto_ray import __version__
 from presto_ray.config import SamplerConfig
@@ -36,17 +37,6 @@ from presto_ray.job import encode_prompt, prompt_seed
 from presto_ray.output import write_json_atomic
 from presto_ray.prompts import read_prompts
 
-Setting = tuple[str, str, str, bool]  # (name, schedule, traversal, early rejection)
-# serial chains (one request a step, all chains' requests in one call per round: the baseline), then
-# each schedule's prefetching, each off and on
-SETTINGS: tuple[Setting, ...] = (
-    ("serial", "rounds", "serial", False),
-    ("serial + early rejection", "rounds", "serial", True),
-    ("rounds", "rounds", "predictive", False),
-    ("rounds + early rejection", "rounds", "predictive", True),
-    ("streaming", "streaming", "predictive", False),
-    ("streaming + early rejection", "streaming", "predictive", True),
-)
 # Serial chains streamed: still one request a step, but each chain sends its next request as soon
 # as its last one ends instead of waiting for the round's slowest (`--settings all`)
 STREAMED_SERIAL: tuple[Setting, ...] = (
@@ -163,14 +153,7 @@ def run_real_load_bench(
         "timestamp": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "config": {
             "presto_ray_version": __version__,
-            "engine_kind": _engine_kind(engine, engine_spec),
-            "engine": (
-                engine_spec.model_dump(mode="json") if engine_spec is not None
-                else engine.config.model_dump() if hasattr(engine, "config") else type(engine).__name__
-            ),  # fmt: skip
-            "engine_runtime": _engine_runtime(engine),
-            "model_dir": str(getattr(engine, "model_dir", getattr(engine, "model_name", type(engine).__name__))),
-            "engine_startup_s": round(getattr(engine, "startup_time_s", 0.0), 1),
+            **engine_facts(engine, engine_spec),
             "sampler": base.model_dump(exclude={"traversal", "seed", "schedule", "early_rejection"}),
             "defaults": default,  # the setting that is the sampler config as shipped (None: none of them)
             "chain_counts": list(chain_counts),
