@@ -104,14 +104,19 @@ def _without_restart_args_warning() -> Iterator[None]:
 
 def coordinator_placement(settings: RayConfig, beside_this_process: bool = False) -> dict[str, Any]:
     """Ray's options placing a coordinator shard: the custom resources of
-    `ray.placement.coordinator_resources`, else (or with `beside_this_process`: the Serve pool,
-    which reserved those resources itself) the node of this process, softly (a restart after
+    `ray.placement.coordinator_resources`, else the node of this process, softly (a restart after
     that node is lost goes wherever Ray finds room). Its owner is this process either way: the
-    coordinator dies with it, so this node is the one whose loss costs nothing more."""
+    coordinator dies with it, so this node is the one whose loss costs nothing more.
+
+    `beside_this_process` (the Serve pool, which reserved those resources itself): this node and
+    no other. Softly, Ray once placed a pool's new shard on an engine node (the suite, 2026-12-03:
+    the pool's node passed the lease on), whose loss then failed every request through it; the
+    pool and its coordinators share a node's fate anyway (its loss ends the pool, their owner)."""
     wanted = settings.placement.coordinator_resources
     if wanted and not beside_this_process:
         return {"resources": dict(wanted)}
-    return {"scheduling_strategy": NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)}
+    here = ray.get_runtime_context().get_node_id()
+    return {"scheduling_strategy": NodeAffinitySchedulingStrategy(here, soft=not beside_this_process)}
 
 
 class SamplingCluster:

@@ -32,6 +32,22 @@ def test_a_job_config_places_each_part():
     assert coordinator_placement(config.ray) == {"resources": {"presto_coordinator": 0.5}}
 
 
+def test_the_serve_pools_coordinators_run_on_its_node_and_no_other(ray_address):
+    """The pool reserved `coordinator_resources` itself; its shards go to its node only (softly,
+    Ray once passed a new shard's lease on to an engine node, whose loss then failed every request
+    through it). A job's coordinators without those resources stay soft on the driver's node."""
+    import ray
+
+    from actors.cluster import coordinator_placement
+
+    here = ray.get_runtime_context().get_node_id()
+    config = JobConfig.model_validate({"ray": {"placement": {"coordinator_resources": {"presto_coordinator": 1}}}})
+    pool = coordinator_placement(config.ray, beside_this_process=True)["scheduling_strategy"]
+    assert (pool.node_id, pool.soft) == (here, False)
+    job = coordinator_placement(JobConfig().ray)["scheduling_strategy"]
+    assert (job.node_id, job.soft) == (here, True)
+
+
 @pytest.mark.parametrize(
     "placement, words",
     [
