@@ -94,7 +94,10 @@ def test_a_service_whose_parts_no_node_can_hold_stops_at_its_start_in_one_line(t
     scheduling: either way the deploy stops after the limit (was: serve.run waiting forever)."""
     ended = _serve(tmp_path, {"placement": placement})
     print(f"\nthe service with no node for {part}: ended {ended.wall_s:.1f} s after the command started")
-    assert ended.returncode == 1 and len(ended.lines) == 1 and "Traceback" not in ended.output, ended.output
+    # Serve's controller may log, forwarded under its own prefix, the death of the pending pool
+    # replica that the shutdown killed (a clean-clone run, 2026-12-03 19:45 UTC): Ray's log, not ours
+    ours = "".join(line for line in ended.output.splitlines(keepends=True) if "(ServeController pid=" not in line)
+    assert ended.returncode == 1 and len(ended.lines) == 1 and "Traceback" not in ours, ended.output
     assert ended.lines[0].startswith(f"presto-ray: service failed: cannot place {part}: no live node offers {{{NO_SUCH}: 1}}, "), ended.lines
     assert reserves in ended.lines[0] and "(ray.missing_node_timeout_s: 3); nothing is left running" in ended.lines[0], ended.lines
     assert "serving" not in ended.output and ended.wall_s >= START_LIMIT_S
