@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING
 from presto_ray.cli.common import EXAMPLES, FAILED, OK, BadInput, Subparsers, comma_ints, fail, progress
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from presto_ray.engines.base import Engine
     from presto_ray.job import JobConfig
 
@@ -178,12 +180,9 @@ def _bench_real_from_config(args: argparse.Namespace, budgets: tuple[int, ...]) 
 
     out = args.out or f"bench/results/{Path(args.config).stem}_bench_real.json"
     png = args.png or str(Path(out).with_suffix(".png"))
-    try:
-        engine = _start_engine(args, config, f"--config {args.config}")
-    except BadInput as e:
-        return fail(str(e))
-    try:
-        report = run_real_bench(
+    return _on_engine(
+        args, config, f"--config {args.config}", out, png,
+        lambda engine: run_real_bench(
             args.prompts,
             engine=engine,
             engine_spec=config.engine,
@@ -198,14 +197,9 @@ def _bench_real_from_config(args: argparse.Namespace, budgets: tuple[int, ...]) 
             progress=progress,
             early_rejection=args.early_rejection or "both",
             num_prompts=args.n,
-        )
-    except ValueError as e:  # e.g. a prompt longer than the engine's context
-        return fail(str(e))
-    finally:
-        engine.shutdown()
-    print(format_report(report))
-    print(format_samples_check(report))
-    return _machine_and_verdict(report, out, png)
+        ),
+        format_report, format_samples_check,
+    )  # fmt: skip
 
 
 LOGP0_WITH_CONFIG = "--logp0-from is the default vLLM engine's; with --config set engine.logp0_from in the config"
@@ -237,6 +231,27 @@ def _start_engine(args: argparse.Namespace, config: JobConfig, source: str) -> E
     except (RuntimeError, ValueError, OSError, ImportError) as e:  # ModelProvisionError is a RuntimeError
         reason = " ".join(str(e).split()) or type(e).__name__  # one line: transformers' errors span several
         raise BadInput(f"{source}: cannot build its {config.engine.kind} engine: {reason}") from None
+
+
+def _on_engine(
+    args: argparse.Namespace, config: JobConfig, source: str, out: str, png: str,
+    run: Callable[[Engine], dict], *texts: Callable[[dict], str],
+) -> int:
+    """Start `config`'s engine, `run` the bench on it, stop it; print the report's `texts`, the
+    machine's line and the verdict (exit 2 where the engine cannot start or a prompt is refused)."""
+    try:
+        engine = _start_engine(args, config, source)
+    except BadInput as e:
+        return fail(str(e))
+    try:
+        report = run(engine)
+    except ValueError as e:  # e.g. a prompt longer than the engine's context
+        return fail(str(e))
+    finally:
+        engine.shutdown()
+    for text in texts:
+        print(text(report))
+    return _machine_and_verdict(report, out, png)
 
 
 def _machine_and_verdict(report: dict, out: str, png: str) -> int:
@@ -292,12 +307,9 @@ def _bench_real_load(args: argparse.Namespace) -> int:
 
     out = args.out or f"bench/results/{Path(args.config).stem if args.config else 'vllm_cpu'}_load.json"
     png = args.png or str(Path(out).with_suffix(".png"))
-    try:
-        engine = _start_engine(args, config, source)
-    except BadInput as e:
-        return fail(str(e))
-    try:
-        report = run_real_load_bench(
+    return _on_engine(
+        args, config, source, out, png,
+        lambda engine: run_real_load_bench(
             args.prompts,
             counts,
             engine,
@@ -312,14 +324,9 @@ def _bench_real_load(args: argparse.Namespace) -> int:
             out_png=png,
             progress=progress,
             settings=ALL_SETTINGS if args.settings == "all" else SETTINGS,
-        )
-    except ValueError as e:  # e.g. a prompt longer than the engine's context
-        return fail(str(e))
-    finally:
-        engine.shutdown()
-    print(format_report(report))
-    print(format_samples_check(report))
-    return _machine_and_verdict(report, out, png)
+        ),
+        format_report, format_samples_check,
+    )  # fmt: skip
 
 
 def cmd_bench_coordinator(args: argparse.Namespace) -> int:
