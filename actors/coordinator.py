@@ -24,6 +24,7 @@ Completions are deterministic functions of their requests, so none of this chang
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 import uuid
 from collections.abc import Hashable, Mapping, Sequence
@@ -199,8 +200,12 @@ class Coordinator:
     @remote_method
     def snapshot(self) -> CoordinatorSnapshot:
         """Counters, call costs and per-replica state (copies: the caller may keep them), the
-        per-replica lists indexed by the cluster's replica index."""
-        return self.core.snapshot()
+        per-replica lists indexed by the cluster's replica index; a coordinator Ray restarted
+        counts from its restart and says so (`incomplete_shards`)."""
+        figures = self.core.snapshot()
+        if ray.get_runtime_context().was_current_actor_reconstructed:
+            return dataclasses.replace(figures, incomplete_shards=1)
+        return figures
 
     @remote_method
     def shutdown(self) -> None:

@@ -60,7 +60,20 @@ class CoordinatorShards:
         """Every shard's figures, combined (per-replica lists indexed by the cluster's replica)."""
         return CoordinatorSnapshot.combine([await h.snapshot.remote() for h in self.handles])
 
-    def snapshot_blocking(self, timeout: float | None = None) -> CoordinatorSnapshot:
+    def snapshot_blocking(self, timeout: float | None = None, lost_ok: bool = False) -> CoordinatorSnapshot:
+        """As `snapshot`; with `lost_ok` a shard that does not answer within `timeout` (its node
+        lost, Ray restarting it) counts as `CoordinatorSnapshot.unanswered()` instead of raising:
+        a job whose rows are all written does not fail over its figures."""
         import ray
+        from ray.exceptions import GetTimeoutError, RayActorError
 
-        return CoordinatorSnapshot.combine(ray.get([h.snapshot.remote() for h in self.handles], timeout=timeout))
+        refs = [h.snapshot.remote() for h in self.handles]
+        if not lost_ok:
+            return CoordinatorSnapshot.combine(ray.get(refs, timeout=timeout))
+        parts = []
+        for ref in refs:
+            try:
+                parts.append(ray.get(ref, timeout=timeout))
+            except (RayActorError, GetTimeoutError):
+                parts.append(CoordinatorSnapshot.unanswered())
+        return CoordinatorSnapshot.combine(parts)

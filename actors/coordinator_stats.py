@@ -52,6 +52,14 @@ class CoordinatorSnapshot:
     streams_running: int = 0  # streaming schedule: requests sent to replicas and neither ended nor aborted
     active_replicas: int = 0  # replicas taking new work (not retiring); summed over shards
     shards: int = 1
+    # shards whose figures miss some of their work: restarted by Ray (their counts began again) or
+    # not answering (lost, restarting) when asked with `lost_ok`
+    incomplete_shards: int = 0
+
+    @classmethod
+    def unanswered(cls) -> "CoordinatorSnapshot":
+        """What a shard that did not answer contributes: nothing but its being incomplete."""
+        return cls(counters=CoordinatorCounters(), accounting=CallAccounting(), incomplete_shards=1)
 
     @classmethod
     def combine(cls, parts: list["CoordinatorSnapshot"]) -> "CoordinatorSnapshot":
@@ -79,6 +87,7 @@ class CoordinatorSnapshot:
             shards=sum(p.shards for p in parts),
             streams_running=sum(p.streams_running for p in parts),
             active_replicas=sum(p.active_replicas for p in parts),
+            incomplete_shards=sum(p.incomplete_shards for p in parts),
         )
 
     @property

@@ -83,6 +83,7 @@ class DataJobSummary:
     wall_time_s: float = 0.0
     new_files: list[str] = field(default_factory=list)
     input_changed: bool = False  # the input was written while the job ran (its snapshot was sampled)
+    incomplete_coordinators: int = 0  # coordinators restarted or lost under the job: its figures miss their work
 
     @property
     def rows_per_s(self) -> float:
@@ -99,6 +100,10 @@ class DataJobSummary:
         ] + ([f"resumed              {self.skipped} finished pairs skipped"] if self.skipped else []) + (
             ["input changed        while the job ran: it sampled the rows the input had at its start; rerun for the rest"]
             if self.input_changed else []
+        ) + (
+            [f"engine figures       partial: {self.incomplete_coordinators} coordinator(s) restarted or lost under the job "
+             "(their counts before it are gone; the samples are whole)"]
+            if self.incomplete_coordinators else []
         )  # fmt: skip
 
 
@@ -257,8 +262,10 @@ def run_data_job(
                     gc.collect()
                     held.said_in_one_line = isinstance(failure, (StageFailure, OutputPathError))
                     raise failure
-                figures = processor.snapshot()
-        summary = DataJobSummary(input_changed=snapshot.changed())
+                # every row is written: a coordinator lost since (its node gone at the very end) costs
+                # the summary its figures, not the job
+                figures = processor.snapshot(lost_ok=True)
+        summary = DataJobSummary(input_changed=snapshot.changed(), incomplete_coordinators=figures.incomplete_shards)
         summary.engine, summary.resent_requests = figures.accounting, figures.counters.resent_requests
         summary.streamed_requests = figures.counters.streamed_requests
         after = data_files(fs, out_path)

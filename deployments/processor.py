@@ -118,9 +118,10 @@ class PowerSamplingProcessor:
             ),
         )
 
-    def snapshot(self) -> CoordinatorSnapshot:
-        """The coordinator's figures: engine calls, requests, replica failures."""
-        return self.cluster.snapshot()
+    def snapshot(self, lost_ok: bool = False) -> CoordinatorSnapshot:
+        """The coordinator's figures: engine calls, requests, replica failures (`lost_ok`: see
+        `CoordinatorShards.snapshot_blocking`)."""
+        return self.cluster.snapshot(lost_ok)
 
     def shutdown(self) -> None:
         self.cluster.shutdown()

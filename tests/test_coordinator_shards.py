@@ -3,6 +3,8 @@ and how the shards' snapshots add up."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from actors.coordinator_shards import CoordinatorShards, prefix_key, rendezvous_order, shard_replicas
@@ -62,3 +64,13 @@ def test_shard_snapshots_combine_into_the_clusters():
     assert (both.queue_depth, both.chains_active) == (2, 4)
     assert both.requests_per_call == 40 / 8
     assert CoordinatorSnapshot.combine([a]) is a
+
+
+def test_a_shard_that_did_not_answer_or_restarted_makes_the_figures_incomplete():
+    a = snapshot(3, [True, True], 10, 4, [3, 0])
+    restarted = dataclasses.replace(snapshot(5, [True, False], 30, 7, [0, 5]), incomplete_shards=1)
+    both = CoordinatorSnapshot.combine([a, CoordinatorSnapshot.unanswered(), restarted])
+    assert both.incomplete_shards == 2 and both.shards == 3
+    assert both.counters.submitted_requests == 40 and both.accounting.calls == 8, "the answering shards' figures are kept"
+    assert CoordinatorSnapshot.combine([a, a]).incomplete_shards == 0
+

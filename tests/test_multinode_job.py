@@ -44,15 +44,17 @@ def nodes(multinode_cluster):
 
 
 def test_a_job_that_loses_the_engine_then_the_chain_then_the_coordinator_node_writes_every_pair_once(nodes, tmp_path):
-    items, config = _job(prompts=24)
+    items, config = _job(prompts=32)
     # each loss once one file is committed after the last: with two, the job (15 s) had once
-    # finished before the third loss could come (16:58 UTC, load 8-11)
+    # finished before the third loss could come (16:58 UTC, load 8-11). 32 prompts, not 24: the
+    # restarted stage actor's batches commit in a burst (18 -> 23 files in CI, 2026-12-03 20:20 UTC),
+    # and the coordinator lost with one prompt left, already sampled, never ran again before the end
     run = run_job(nodes, tmp_path, items, config, lose=[ENGINE, CHAINS, COORDINATOR], after_commits=1, timeout_s=400)
     print(f"\nnodes lost under the job in turn: {run.summary()}")
     assert run.returncode == 0, run.output
     assert [loss.role for loss in run.losses] == [ENGINE, CHAINS, COORDINATOR]
-    assert run.losses[-1].committed_at_kill < 24, "the last node was lost after the job had ended"
-    assert len(run.rows) == 48 and not [r for r in run.rows if r["error"]], run.output
+    assert run.losses[-1].committed_at_kill < 32, "the last node was lost after the job had ended"
+    assert len(run.rows) == 64 and not [r for r in run.rows if r["error"]], run.output
     assert_same_samples(run.rows, reference(items, config))  # each pair once, the uninterrupted samples
     # placement: each part ran only on its role's nodes, one replica per engine node
     for part, nodes_seen in run.nodes_seen.items():
@@ -61,6 +63,8 @@ def test_a_job_that_loses_the_engine_then_the_chain_then_the_coordinator_node_wr
     # recovery: each lost part ran again on its replacement node, and the job committed after each loss
     for loss in run.losses:
         assert loss.kill_to_recovered_s is not None and loss.kill_to_commit_s is not None, run.summary()
+    # the restarted coordinator's figures began again: the summary says they are partial
+    assert "engine figures       partial: 1 coordinator(s) restarted or lost" in run.output, run.output
 
 
 def _with_limit(config, timeout_s: float = MISSING_NODE_TIMEOUT_S):

@@ -241,7 +241,9 @@ def test_a_killed_actor_changes_no_sample(ray_address, tmp_path, victim, schedul
     restarts it): the chains it held fail in the stage and replay once it answers again. Either
     way every pair is written once with the in-process sample, and the coordinator saw more
     requests than the written samples used: the lost chains' work was done twice."""
-    from actors.coordinator_stats import CoordinatorSnapshot
+    from ray.exceptions import RayActorError
+
+    from actors.coordinator_stats import CoordinatorCounters, CoordinatorSnapshot
 
     items, config = toy_job(prompts=4, chains=2)
     latency = {"call_latency_s": 0.05} if schedule == "rounds" else {"token_latency_s": 0.005}
@@ -260,6 +262,12 @@ def test_a_killed_actor_changes_no_sample(ray_address, tmp_path, victim, schedul
             ray.kill(processor.cluster.coordinator, no_restart=False)
         job.result()
         stats: CoordinatorSnapshot = processor.snapshot()  # the restarted coordinator's figures only
+        if victim == "coordinator":  # then gone for good: the figures a job's end asks for say so, and do not raise
+            ray.kill(processor.cluster.coordinator, no_restart=True)
+            with pytest.raises(RayActorError):
+                processor.snapshot()
+            lost = processor.snapshot(lost_ok=True)
+            assert lost.incomplete_shards == 1 and lost.counters == CoordinatorCounters(), lost
     written = read_samples(out).to_pylist()
     expected = reference(items, with_sampler(config, schedule="rounds"))  # streaming draws the same samples
     assert_same_samples(written, expected, fields=("seed", "token_ids", "text", "finished_with_eos", "transitions", "accepted"))
@@ -268,8 +276,10 @@ def test_a_killed_actor_changes_no_sample(ray_address, tmp_path, victim, schedul
 
         assert actors(killed["ActorID"])["NumRestarts"] >= 1, "Ray Data must have restarted the stage actor"
         assert stats.counters.submitted_requests > sum(r["requests"] for r in written), "no chain was replayed"
+        assert stats.incomplete_shards == 0, "the coordinator was not restarted: its figures are whole"
     else:  # the restarted coordinator starts from zero: chains asked it for work, so the kill was mid-job
         assert stats.counters.submitted_requests > 0, "the coordinator was killed after the chains had finished"
+        assert stats.incomplete_shards == 1, "a restarted coordinator's figures must say they are partial"
 
 
 def test_a_coordinator_gone_for_good_ends_the_job_with_one_line(ray_address, tmp_path, monkeypatch):
@@ -459,3 +469,12 @@ def test_a_full_disk_under_a_ray_job_is_one_line_and_leaves_only_whole_files(ray
         assert f"resumed              {kept} finished pairs skipped" in capsys.readouterr().out
         rows = read_samples(out).to_pylist()
         assert len(rows) == 1500 and len({r["prompt_id"] for r in rows}) == 1500
+
+
+def test_a_job_summary_says_when_its_engine_figures_are_partial():
+    from deployments.data_job import DataJobSummary
+
+    whole, partial = DataJobSummary(samples=4), DataJobSummary(samples=4, incomplete_coordinators=1)
+    assert not [line for line in whole.lines() if line.startswith("engine figures")]
+    (said,) = [line for line in partial.lines() if line.startswith("engine figures")]
+    assert "partial: 1 coordinator(s) restarted or lost" in said and "the samples are whole" in said
