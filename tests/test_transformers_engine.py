@@ -64,7 +64,8 @@ def test_a_request_alone_and_in_a_mixed_batch_is_the_same_bit_for_bit(engine):
     """Batch-invariant (the CPU default): the same request alone, in a batch of 8 mixed requests, and
     again with its context's KV from the prefix cache (computed in other chunks) gives the same
     tokens and the same float64 log p0, log q_tau and entropies. Without invariance (another
-    runner on the same model) the tokens are the same here and the log-probabilities agree to 1e-5."""
+    runner on the same model) the tokens are the same here and the log-probabilities agree to 1e-5 plus
+    float32's rounding (relative 1e-5)."""
     target = ProposalRequest(_prompt(engine), (), 12, 0.5, 5, stop_at_eos=False, want_entropy=True)
     engine.prefix_cache.clear()
     alone = engine.generate([target]).completions[0]
@@ -83,8 +84,10 @@ def test_a_request_alone_and_in_a_mixed_batch_is_the_same_bit_for_bit(engine):
     fast_alone = _run(fast, [target])[0]
     fast_batch = _run(fast, _mixed_batch(engine, target))[2]
     assert fast_batch.token_ids == fast_alone.token_ids == alone.token_ids
-    assert np.abs(fast_batch.logp0 - fast_alone.logp0).max() < 1e-5
-    assert np.abs(fast_alone.logp0 - alone.logp0).max() < 1e-5
+    # float32 kernels summed in another order: 1e-5 apart, plus float32 rounding relative to the value
+    # (absolute 1e-5 failed once by 2% at log p0 = -1.88, 2026-12-04, another CPU)
+    np.testing.assert_allclose(fast_batch.logp0, fast_alone.logp0, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(fast_alone.logp0, alone.logp0, rtol=1e-5, atol=1e-5)
 
 
 def test_the_noise_is_keyed_by_seed_and_position_only():
