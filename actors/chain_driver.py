@@ -64,8 +64,9 @@ async def drive_chain(coordinator: CoordinatorHandle, chain_id: Hashable, chain:
 
 
 async def _rounds(coordinator: CoordinatorHandle, chain_id: Hashable, rounds: ChainRounds, metrics: ChainMetrics, on_round: OnRound | None) -> None:
+    prefetch_budget = rounds.chain.config.prefetch_budget
     while not rounds.done:
-        planned = rounds.plan()
+        planned = rounds.plan(await coordinator.round_budget.remote(chain_id, prefetch_budget))
         completions = await coordinator.submit.remote(chain_id, list(planned.requests))
         metrics.record_round(rounds.advance(planned, completions).transitions)
         if on_round is not None:

@@ -56,6 +56,7 @@ from actors.stream_protocol import ChainActions, ChainUpdate
 from actors.stream_router import StreamRouter
 from presto_ray.engines.base import Completion, ProposalRequest
 from presto_ray.ray_config import RayConfig
+from presto_ray.speculation import budget_by_load
 
 # How long a dead replica may take to come back (a vLLM replica restarts in ~30-60 s on CPUs).
 REPLICA_RESTART_TIMEOUT_S = 300.0
@@ -123,6 +124,14 @@ class Coordinator:
             raise
         finally:
             self.core.calls.submit_done(chain_id, time.monotonic())
+
+    @remote_method
+    async def round_budget(self, chain_id: Hashable, prefetch_budget: int) -> int:
+        """A rounds chain's next budget: its share of the replicas' free batch among the chains
+        this coordinator holds, itself included (presto_ray/speculation.py), so that at load a
+        round asks what a serial chain asks."""
+        active = self.core.chains.active
+        return budget_by_load(prefetch_budget, len(active) + (chain_id not in active), await self.streams.free_batch())
 
     @remote_method
     async def stream_open(self, chain_id: Hashable, prefetch_budget: int) -> int:

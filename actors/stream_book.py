@@ -36,7 +36,7 @@ from actors.stream_protocol import ChainActions, ChainEvent, ChainUpdate, Replic
 from presto_ray.chain import ProposalKey
 from presto_ray.early_rejection import RejectionBound
 from presto_ray.engines.base import CallAccounting, ProposalRequest
-from presto_ray.speculation import streaming_budget
+from presto_ray.speculation import budget_by_load
 
 
 @dataclass(eq=False)
@@ -104,7 +104,7 @@ class StreamBook:
     def budget(self, chain_id: Hashable) -> int:
         mailbox = self.mailboxes[chain_id]
         competitors = fair_competitors(self.group_sizes, request_group(chain_id))
-        return streaming_budget(mailbox.prefetch_budget, competitors, self.free_batch or float("inf"))
+        return budget_by_load(mailbox.prefetch_budget, competitors, self.free_batch or float("inf"))
 
     def close(self, chain_id: Hashable) -> list[Command]:
         """The chain finished or was given up: drop its wishes (aborting streams nobody else wants)

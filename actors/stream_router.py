@@ -57,8 +57,7 @@ class StreamRouter:
         _, commands = self.core.stream_open(chain_id, prefetch_budget, now)
         self._carry_out(commands)  # closing a replayed chain's old mailbox wakes its old exchange
         self._ready[chain_id] = asyncio.Event()
-        if self.book.free_batch is None:
-            self.book.free_batch = await self._measure_free_batch()
+        await self.free_batch()
         return self.book.budget(chain_id)
 
     async def exchange(self, chain_id: Hashable, actions: ChainActions) -> ChainUpdate:
@@ -152,6 +151,12 @@ class StreamRouter:
         """A replica joined or is retiring: the free batch is measured again once a stream has opened."""
         if self.book.free_batch is not None:
             self.book.free_batch = await self._measure_free_batch()
+
+    async def free_batch(self) -> float:
+        """The replicas' summed free batch: measured on first use, again when replicas change."""
+        if self.book.free_batch is None:
+            self.book.free_batch = await self._measure_free_batch()
+        return self.book.free_batch
 
     async def _measure_free_batch(self) -> float:
         taking = [self._replica(i) for i in self.core.table.taking_work()]

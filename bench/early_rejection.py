@@ -108,6 +108,10 @@ class RecordingEngine:
     def tokenizer(self) -> Tokenizer:
         return self.engine.tokenizer
 
+    @property
+    def free_batch(self) -> float:
+        return self.engine.free_batch
+
     def generate(self, requests: Sequence[ProposalRequest]) -> EngineOutput:
         output = self.engine.generate(requests)
         self.completions.update(zip(requests, output.completions))

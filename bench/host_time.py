@@ -104,6 +104,10 @@ class _TimedEngine:
         output: EngineOutput = self._clock._timed(self._engine.generate, requests)
         return output
 
+    @property
+    def free_batch(self) -> float:
+        return self._engine.free_batch
+
     def streaming(self) -> _TimedStream:
         return _TimedStream(self._engine.streaming(), self._clock)
 

@@ -11,6 +11,7 @@ from presto_ray.config import SamplerConfig
 from presto_ray.rounds import ChainRounds
 from presto_ray.engines.base import CallAccounting, Engine
 from presto_ray.kernels import PowerMHKernel
+from presto_ray.speculation import budget_by_load
 from presto_ray.results import SampleResult
 from presto_ray.streaming import run_streaming
 
@@ -58,7 +59,8 @@ def sample_many(
                 active.append((i, ChainRounds(chain), time.perf_counter()))
         if not active:
             continue
-        plans = [rounds.plan() for _, rounds, _ in active]
+        # each chain's share of the device's free batch: at load a round asks what serial asks
+        plans = [rounds.plan(budget_by_load(rounds.chain.config.prefetch_budget, len(active), engine.free_batch)) for _, rounds, _ in active]
         output = engine.generate([request for plan in plans for request in plan.requests])
         total.add(output.accounting)
         offset = 0

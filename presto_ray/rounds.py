@@ -30,15 +30,18 @@ class Round:
 class ChainRounds(ProposalBook):
     _pending: Round | None = None
 
-    def plan(self) -> Round:
-        """The next round's requests. Planning again before `advance` replaces the round."""
+    def plan(self, budget: int | None = None) -> Round:
+        """The next round's requests, at most `budget` (None: the chain's `prefetch_budget`, also
+        the cap; drivers lower it under load, presto_ray/speculation.py). Planning again before
+        `advance` replaces the round."""
         if self.chain.done:
             raise RuntimeError("the chain is finished")
         planner = self.planner
         tree = planner.tree()
         requests: list[ProposalRequest] = []
         keys: list[ProposalKey] = []
-        for key in planner.select(tree, self.chain.config.prefetch_budget, issued=set()):
+        prefetch_budget = self.chain.config.prefetch_budget
+        for key in planner.select(tree, prefetch_budget if budget is None else min(budget, prefetch_budget), issued=set()):
             for i, request in enumerate(planner.requests(key, tree)):
                 keys.append((*key, i))
                 requests.append(request)

@@ -1,12 +1,14 @@
-"""How many requests a streaming chain may keep running: a pure policy over the device's load.
+"""How many requests a chain may have at once (running when streaming, in a round otherwise): a
+pure policy over the device's load.
 
 Speculation is worth its tokens only while the device has room it would otherwise leave idle.
 A device's free batch is the number of sequences a decode step can hold before it costs three
 times a lone sequence's step (`2 * step_cost / step_cost_per_sequence`: unlimited on a GPU-like
 device whose batch is free, about 30 sequences for vLLM on these two CPU cores from its measured
 throughputs), capped by the most sequences it runs at once. The active chains
-share it; every chain keeps at least its needed request, so under heavy load streaming degrades to
-the serial chain instead of slowing it.
+share it; every chain keeps at least its needed request, so under heavy load streaming and rounds
+degrade to the serial chain instead of slowing it (rounds at a full budget on vLLM at 64 chains ran
+at 0.73x serial chains' speed: bench/results/local_load.json).
 
 Why three times: on the load benchmark's CPU-like device (step cost 1 + running / 16, 8 chains,
 virtual time) sharing the batch at which the cost doubles gave 1.51x serial's throughput, at
@@ -26,8 +28,8 @@ def free_batch(step_cost: float, step_cost_per_sequence: float, max_running: int
     return min(room, max_running) if max_running is not None else room
 
 
-def streaming_budget(prefetch_budget: int, active_chains: int, batch: float) -> int:
-    """Requests one chain may keep running: its share of the free batch, between 1 and its budget."""
+def budget_by_load(prefetch_budget: int, active_chains: int, batch: float) -> int:
+    """Requests one chain may have at once: its share of the free batch, between 1 and its budget."""
     if active_chains <= 0 or batch == float("inf"):
         return prefetch_budget
     return max(1, min(prefetch_budget, int(batch // active_chains)))
@@ -57,7 +59,7 @@ def speculation_threshold(prefetch_budget: int, speculation_gain: float) -> floa
     against 0.88). The gain has not been refitted. The cap keeps small budgets speculating: at
     budget 4 (K = 24) 0.5 gave 2.43x over serial with 1.07x serial's tokens, rounds 2.04x with
     1.08x. The budget is the configured `prefetch_budget`, not the share a loaded device leaves
-    (`streaming_budget`).
+    (`budget_by_load`).
     """
     if speculation_gain <= 0.0:
         return 0.0

@@ -122,6 +122,7 @@ class StopsTooEarly:
     def __init__(self, model: ToyEngine) -> None:
         self.model, self.eos_token_id, self.tokenizer = model, model.eos_token_id, model.tokenizer
         self.model_name, self.context_length = model.model_name, model.context_length
+        self.free_batch = model.free_batch
 
     def generate(self, requests: list[ProposalRequest]) -> EngineOutput:
         output = self.model.generate(requests)

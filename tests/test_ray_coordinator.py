@@ -212,3 +212,19 @@ def test_bench_coordinator_counts_every_request_through_each_shard_count(ray_add
     assert report["rows"][0]["speedup"] == 1.0
     assert json.loads((tmp_path / "rate.json").read_text())["clock"] == "wall"
     assert "requests/s" in format_report(report)
+
+
+def test_a_round_asks_for_its_share_of_the_replicas_free_batch(ray_address):
+    """Through the coordinator as in process (tests/test_speculation.py): each rounds chain asks
+    its share of the replicas' free batch. A replica whose free batch is 8 (the toy's
+    `speculation_batch`) and 8 chains: one request each a round, as serial chains ask; a free
+    one: up to the whole budget (6). The samples are the in-process run's either way."""
+    items, config = toy_job(prompts=4, chains=2, batch_window_s=1.0, max_batch_wait_s=3.0)
+    largest = {}
+    for batch in (None, 8):
+        loaded = with_engine(config, speculation_batch=batch)
+        with SamplingCluster(loaded.engine, loaded.ray) as cluster:
+            rows, _ = drive_pairs(cluster, items, loaded)
+            largest[batch] = cluster.snapshot().counters.max_requests_per_call
+        assert_same_samples(rows, reference(items, config))
+    assert largest[8] <= 8 < largest[None], largest

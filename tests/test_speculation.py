@@ -10,7 +10,7 @@ from presto_ray.chain_stream import ChainStream, StreamEvent
 from presto_ray.rounds import ChainRounds
 from presto_ray.driver import sample_many
 from presto_ray.engines.toy import ToyEngine
-from presto_ray.speculation import free_batch, streaming_budget
+from presto_ray.speculation import budget_by_load, free_batch
 
 
 def test_free_batch_is_where_a_step_costs_three_lone_steps_capped_by_the_device():
@@ -21,11 +21,11 @@ def test_free_batch_is_where_a_step_costs_three_lone_steps_capped_by_the_device(
 
 
 def test_chains_share_the_free_batch_and_keep_their_needed_request():
-    assert streaming_budget(8, 1, math.inf) == 8  # an idle GPU-like device: the whole budget
-    assert streaming_budget(8, 1, 16) == 8
-    assert streaming_budget(8, 8, 16) == 2
-    assert streaming_budget(8, 64, 64) == 1  # saturated: every chain runs only what it needs
-    assert streaming_budget(8, 100, 16) == 1
+    assert budget_by_load(8, 1, math.inf) == 8  # an idle GPU-like device: the whole budget
+    assert budget_by_load(8, 1, 16) == 8
+    assert budget_by_load(8, 8, 16) == 2
+    assert budget_by_load(8, 64, 64) == 1  # saturated: every chain runs only what it needs
+    assert budget_by_load(8, 100, 16) == 1
 
 
 def test_the_budget_shrinks_when_the_device_is_full():
@@ -75,3 +75,33 @@ def test_the_threshold_is_streamings_only_and_min_expected_gain_still_counts():
     assert len(ChainRounds(Chain([4, 5, 6], rounds, toy.eos_token_id)).plan().requests) == len(
         ChainRounds(Chain([4, 5, 6], rounds.model_copy(update={"speculation_gain": 0.0}), toy.eos_token_id)).plan().requests
     )
+
+
+class _CallSizes:
+    """A batch engine that records how many requests each call carried."""
+
+    def __init__(self, engine) -> None:
+        self.engine, self.eos_token_id, self.free_batch, self.sizes = engine, engine.eos_token_id, engine.free_batch, []
+
+    def generate(self, requests):
+        self.sizes.append(len(requests))
+        return self.engine.generate(requests)
+
+
+def test_a_round_asks_for_its_share_of_the_free_batch():
+    """Rounds share the device's free batch as streaming does (presto_ray/driver.py): 8 chains on
+    a device of 8 slots ask one request each a round, a serial chain's; on a free device up to
+    their whole budget. Either way the samples are the serial chain's."""
+    toy = ToyEngine(vocab_size=32, logit_scale=4.0, eos_bias=-3.0, seed=1)
+    config = SamplerConfig(block_size=16, mh_steps=6, prefetch_budget=8, fixed_length=True, schedule="rounds")
+    prompts = [[4, 5, 6 + c] for c in range(8)]
+    configs = [config.model_copy(update={"seed": c}) for c in range(8)]
+    serial, _ = sample_many(toy, prompts, [c.model_copy(update={"traversal": "serial"}) for c in configs])
+    largest = {}
+    for max_running in (None, 8):
+        engine = _CallSizes(toy.streaming(max_running=max_running))
+        results, _ = sample_many(engine, prompts, configs)
+        assert [r.token_ids for r in results] == [r.token_ids for r in serial]
+        largest[max_running] = max(engine.sizes)
+    assert largest[None] > 32, largest  # a free device: 8 chains ask many requests each
+    assert largest[8] == 8, largest  # 8 slots: one each

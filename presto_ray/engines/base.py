@@ -235,6 +235,12 @@ class Engine(Protocol):
         """Longest prompt + prefix + generation a request may reach."""
         ...
 
+    @property
+    def free_batch(self) -> float:
+        """Sequences the device runs before speculation stops paying (inf: unlimited): the active
+        chains of a round share it (presto_ray/speculation.py), as streaming's do its form's."""
+        ...
+
     def generate(self, requests: Sequence[ProposalRequest]) -> EngineOutput:
         """One batched call, blocking."""
         ...

@@ -43,6 +43,12 @@ class ToyEngineConfig(BaseModel):
     token_latency_s: float = Field(
         0.0, ge=0.0, description="Benchmarks: seconds each call sleeps per generated token (streaming: per decode step)."
     )
+    speculation_batch: int | None = Field(
+        None,
+        ge=1,
+        description="Sequences the chains share before speculation stops paying, as a loaded device's free batch "
+        "(rounds' and streaming's budgets, presto_ray/speculation.py); None: unlimited, the toy's batch is free.",
+    )
 
     @property
     def model_name(self) -> str:
@@ -68,6 +74,7 @@ class ToyEngineConfig(BaseModel):
             max_model_len=self.max_model_len,
             call_latency_s=self.call_latency_s,
             token_latency_s=self.token_latency_s,
+            speculation_batch=self.speculation_batch,
         )
 
     def build_tokenizer(self) -> "Tokenizer":

@@ -9,6 +9,7 @@ the completion is a deterministic function of (seed, context), and exact under q
 from __future__ import annotations
 
 import asyncio
+import math
 import threading
 import time
 from collections import OrderedDict
@@ -67,6 +68,7 @@ class ToyEngine:
         max_model_len: int = 4096,
         call_latency_s: float = 0.0,
         token_latency_s: float = 0.0,
+        speculation_batch: int | None = None,
     ) -> None:
         if vocab_size < 2:
             raise ValueError("vocab_size must be at least 2")
@@ -75,6 +77,7 @@ class ToyEngine:
         self.vocab_size = vocab_size
         self.eos_token_id = eos_token_id
         self.logit_scale = float(logit_scale)
+        self.speculation_batch = speculation_batch
         rng = np.random.default_rng(seed)
         self._bigram = rng.standard_normal((vocab_size + 1, vocab_size))  # last row: empty context
         self._context = rng.standard_normal((context_rows, vocab_size))
@@ -192,6 +195,11 @@ class ToyEngine:
             tuple(tokens), np.concatenate(logp0_parts), np.concatenate(logq_parts), finish, entropy=np.concatenate(entropy_parts)
         )
 
+    @property
+    def free_batch(self) -> float:
+        """`speculation_batch`, else unlimited: the toy's batch costs nothing."""
+        return math.inf if self.speculation_batch is None else float(self.speculation_batch)
+
     def generate(self, requests: Sequence[ProposalRequest]) -> EngineOutput:
         with self._call_lock:  # like a device serving one batch at a time
             return self._generate(requests)
@@ -220,6 +228,7 @@ class ToyEngine:
             step_cost_per_sequence=step_cost_per_sequence,
             max_running=max_running,
             seconds_per_time_unit=self.token_latency_s if seconds_per_time_unit is None else seconds_per_time_unit,
+            speculation_batch=self.speculation_batch,
         )
 
     def _generate(self, requests: Sequence[ProposalRequest]) -> EngineOutput:

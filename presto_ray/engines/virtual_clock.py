@@ -86,6 +86,7 @@ class VirtualClockEngine:
         saturation: float = float("inf"),
         seconds_per_time_unit: float = 0.0,
         device: DeviceCurve | None = None,
+        speculation_batch: float | None = None,
     ) -> None:
         if not saturation > 0:
             raise ValueError(f"saturation must be positive (inf: a batch free at any size), got {saturation}")
@@ -101,6 +102,7 @@ class VirtualClockEngine:
         # so that requests are in flight long enough to be raced, aborted or lost with the replica.
         self.seconds_per_time_unit = float(seconds_per_time_unit)
         self.device = device
+        self.speculation_batch = speculation_batch  # a cap on free_batch (the model's own setting)
         self._prefill_tokens = 0  # measured device: prompt tokens not cached, charged to the next step
         self.clock = ClockStats()
         self._handles = itertools.count()
@@ -182,11 +184,13 @@ class VirtualClockEngine:
         (b > 0) holds `speculation.free_batch` (three lone steps); a saturating one at most
         `saturation`, past which every speculative token takes device time from the other chains'
         needed ones; both capped by `max_running` (docs/benchmarks.md, the saturating device). A
-        measured device holds what its curve does before a step costs three lone ones."""
+        measured device holds what its curve does before a step costs three lone ones. At most
+        `speculation_batch` where set."""
+        cap = float("inf") if self.speculation_batch is None else float(self.speculation_batch)
         if self.device is not None:
             room = self.device.free_batch()
-            return min(room, self.max_running) if self.max_running is not None else room
-        return min(free_batch(self.step_cost, self.step_cost_per_sequence, self.max_running), self.saturation)
+            return min(room, self.max_running, cap) if self.max_running is not None else min(room, cap)
+        return min(free_batch(self.step_cost, self.step_cost_per_sequence, self.max_running), self.saturation, cap)
 
     def live_handles(self) -> set[int]:
         """Requests running or waiting (aborted and finished ones are gone)."""

@@ -73,6 +73,11 @@ class TransformersEngine:
         )
 
     # --- the engine contract -----------------------------------------------------------------
+    @property
+    def free_batch(self) -> float:
+        """The config's, within the batch runner's slots (a round's requests past them wait)."""
+        return float(min(self.config.free_batch, self.config.max_batch_size))
+
     def generate(self, requests: Sequence[ProposalRequest]) -> EngineOutput:
         """Every request on the continuous batcher, up to max_batch_size at once; returns when all
         have ended (each ends on its own: EOS, max tokens, or an early-rejection stop)."""

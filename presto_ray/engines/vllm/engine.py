@@ -51,6 +51,10 @@ class VLLMEngine:
         )
 
     # --- the engine contract -----------------------------------------------------------------
+    @property
+    def free_batch(self) -> float:
+        return float(self.config.free_batch)
+
     def generate(self, requests: Sequence[ProposalRequest]) -> EngineOutput:
         return self.runtime.run(self._generate(list(requests)))
 
@@ -60,7 +64,7 @@ class VLLMEngine:
 
     def streaming(self) -> VLLMStreamingEngine:
         """This engine's per-request form: completion events, partial tokens, abort, priority."""
-        return VLLMStreamingEngine(self.runtime, self.codec, free_batch=float(self.config.free_batch))
+        return VLLMStreamingEngine(self.runtime, self.codec, free_batch=self.free_batch)
 
     def validate(self, request: ProposalRequest) -> None:
         """Raise ValueError for a request vLLM could not serve (codec.py's `validate`)."""
