@@ -1,7 +1,7 @@
 """The streaming schedule's in-process driver: requests start as chains ask, and each completion
 goes to its chain the moment it lands (docs/streaming.md).
 
-The loop is transport only: what to do after each batch of events is `ChainStream.step`'s
+The loop is transport only: what to do after each event is `ChainStream.step`'s
 (presto_ray/chain_stream.py, shared with the Ray driver), how many requests may run is
 presto_ray/speculation.py's.
 """
@@ -83,19 +83,14 @@ def _run(
 
     start_waiting()
     while engine.busy:
-        # a chain steps once per advance with all its events (one plan, as the Ray driver's
-        # mailbox hands them), not once per event: several of its requests often land together
-        landed: dict[int, list[StreamEvent]] = {}
         for event in engine.advance():
             owner = owners.get(event.handle)
             if owner is None:
-                continue  # aborted after it ended, within an earlier batch of events
+                continue  # aborted after it ended, within this batch of events
             i, key = owner
             if event.completion is not None:
                 del handles[owner], owners[event.handle]
-            landed.setdefault(i, []).append(_chain_event(engine, key, event))
-        for i, events in landed.items():
-            step(i, events)
+            step(i, [_chain_event(engine, key, event)])
         start_waiting()  # in the place of the chains that finished
     unfinished = [i for i, chain in enumerate(chains) if not chain.done]
     if unfinished:
