@@ -73,8 +73,6 @@ def _session_dir() -> str | None:
 
 
 RESTART_ARGS_WARNING = b"ray-project/ray/issues/53727"
-# how long a snapshot that tolerates lost coordinators waits for each (a live one answers in ms)
-_LOST_OK_TIMEOUT_S = 10.0
 
 
 @contextmanager
@@ -290,7 +288,7 @@ class SamplingCluster:
         return self.coordinators.handles[0]
 
     def snapshot(self, lost_ok: bool = False) -> CoordinatorSnapshot:
-        return self.coordinators.snapshot_blocking(timeout=_LOST_OK_TIMEOUT_S if lost_ok else None, lost_ok=lost_ok)
+        return self.coordinators.snapshot_blocking(lost_ok=lost_ok)
 
     def shutdown(self) -> None:
         """Stop the autoscaler, the coordinators, the replicas it started and their placement

@@ -18,6 +18,9 @@ if TYPE_CHECKING:
 
 __all__ = ["CoordinatorShards", "prefix_key", "rendezvous_order", "shard_replicas"]
 
+# how long a snapshot that tolerates lost shards waits for each by default (a live one answers in ms)
+LOST_OK_TIMEOUT_S = 10.0
+
 
 def shard_replicas(num_replicas: int, num_shards: int) -> list[list[int]]:
     """The replica indices each shard drives: a partition when there are enough replicas; with fewer
@@ -61,9 +64,10 @@ class CoordinatorShards:
         return CoordinatorSnapshot.combine([await h.snapshot.remote() for h in self.handles])
 
     def snapshot_blocking(self, timeout: float | None = None, lost_ok: bool = False) -> CoordinatorSnapshot:
-        """As `snapshot`; with `lost_ok` a shard that does not answer within `timeout` (its node
-        lost, Ray restarting it) counts as `CoordinatorSnapshot.unanswered()` instead of raising:
-        a job whose rows are all written does not fail over its figures."""
+        """As `snapshot`; with `lost_ok` a shard that does not answer within `timeout` (default
+        LOST_OK_TIMEOUT_S; its node lost, Ray restarting it) counts as
+        `CoordinatorSnapshot.unanswered()` instead of raising: a job whose rows are all written
+        does not fail over its figures."""
         import ray
         from ray.exceptions import GetTimeoutError, RayActorError
 
@@ -73,7 +77,7 @@ class CoordinatorShards:
         parts = []
         for ref in refs:
             try:
-                parts.append(ray.get(ref, timeout=timeout))
+                parts.append(ray.get(ref, timeout=LOST_OK_TIMEOUT_S if timeout is None else timeout))
             except (RayActorError, GetTimeoutError):
                 parts.append(CoordinatorSnapshot.unanswered())
         return CoordinatorSnapshot.combine(parts)

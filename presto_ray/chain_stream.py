@@ -159,7 +159,7 @@ class ChainStream(ProposalBook):
         Predictive: a speculative request must add `speculation_threshold` expected completed
         transitions (or `min_expected_gain`, the larger)."""
         config = self.chain.config
-        budget = config.prefetch_budget if budget is None else min(budget, config.prefetch_budget)
+        budget = self._within_budget(budget)
         tree = self._plan()
         issued = {key[:2] for key in (*self._running, *self._completed)}
         min_gain = max(config.min_expected_gain, speculation_threshold(config.prefetch_budget, config.speculation_gain))

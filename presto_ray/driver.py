@@ -60,7 +60,8 @@ def sample_many(
         if not active:
             continue
         # each chain's share of the device's free batch: at load a round asks what serial asks
-        plans = [rounds.plan(budget_by_load(rounds.chain.config.prefetch_budget, len(active), engine.free_batch)) for _, rounds, _ in active]
+        batch = engine.free_batch
+        plans = [rounds.plan(budget_by_load(rounds.chain.config.prefetch_budget, len(active), batch)) for _, rounds, _ in active]
         output = engine.generate([request for plan in plans for request in plan.requests])
         total.add(output.accounting)
         offset = 0

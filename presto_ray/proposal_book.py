@@ -22,6 +22,11 @@ class ProposalBook:
     def done(self) -> bool:
         return self.chain.done
 
+    def _within_budget(self, budget: int | None) -> int:
+        """A driver's budget (None: none given) within the chain's `prefetch_budget`, its cap."""
+        prefetch_budget = self.chain.config.prefetch_budget
+        return prefetch_budget if budget is None else min(budget, prefetch_budget)
+
     def _count_issued(self, requests: list[ProposalRequest]) -> None:
         stats = self.chain.stats
         stats.requests += len(requests)

@@ -40,8 +40,7 @@ class ChainRounds(ProposalBook):
         tree = planner.tree()
         requests: list[ProposalRequest] = []
         keys: list[ProposalKey] = []
-        prefetch_budget = self.chain.config.prefetch_budget
-        for key in planner.select(tree, prefetch_budget if budget is None else min(budget, prefetch_budget), issued=set()):
+        for key in planner.select(tree, self._within_budget(budget), issued=set()):
             for i, request in enumerate(planner.requests(key, tree)):
                 keys.append((*key, i))
                 requests.append(request)
