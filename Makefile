@@ -30,15 +30,14 @@ lint: $(STAMP)
 	$(VENV)/bin/lint-imports --no-cache
 	$(VENV)/bin/mypy
 
-# Opt-in: `make test TEST_WORKERS=2` runs the suite on pytest-xdist workers, every vLLM test on one
-# of them, the multi-node tests on one, each module's tests together (tests/worker_groups.py). Not
-# the default: on a clean clone it took 35 min 50 s against about 40 serially (2026-12-02), a small
-# gain on two cores for more load on every timed test.
-TEST_WORKERS ?=
-PYTEST_WORKERS := $(if $(TEST_WORKERS),-n $(TEST_WORKERS) --dist loadgroup,)
+# The whole suite in three parts (tools/run_tests.py): the statistical tests at idle priority
+# beside the rest, the other tests without vLLM or Ray on TEST_WORKERS pytest-xdist workers, the
+# vLLM and Ray tests serially. TEST_WORKERS=1 runs the first two parts without workers.
+TEST_WORKERS ?= 2
+PYTEST_WORKERS := $(if $(filter-out 0 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadgroup,)
 
 test: lint
-	$(VENV)/bin/python -m pytest -q --durations=15 $(PYTEST_WORKERS)
+	TEST_WORKERS=$(TEST_WORKERS) $(VENV)/bin/python tools/run_tests.py
 
 # No vLLM, no Ray and not the slow statistical tests (exact laws over thousands of chains; `make
 # test` runs them): the core, the policies, the books, the HTTP contract, the toy engine.

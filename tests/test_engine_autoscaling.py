@@ -141,7 +141,7 @@ def test_a_replica_retired_mid_run_finishes_its_work_and_changes_no_sample(ray_a
     other, and it is stopped only once drained."""
     from actors.cluster import SamplingCluster
 
-    spec = ToyEngineConfig(call_latency_s=0.1, token_latency_s=0.01)
+    spec = ToyEngineConfig(call_latency_s=0.1, token_latency_s=0.004)
     scaling = ReplicaAutoscalingConfig(min_replicas=1, max_replicas=2)
     configs = _configs(schedule)
     cluster = SamplingCluster(spec, RayConfig(replica_autoscaling=scaling))

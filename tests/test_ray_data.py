@@ -198,16 +198,16 @@ def tiny_toy_config(path: Path) -> Path:
 
 
 def test_driver_memory_does_not_grow_with_the_input(ray_address, tmp_path):
-    """A 16 KB pass-through column: 2,000 rows are 32 MB of input that a driver reading the file
+    """A 32 KB pass-through column: 1,000 rows are 32 MB of input that a driver reading the file
     would keep to the end; the Ray Data driver ends the job with the RSS it has after 200 rows.
     (The 10,000-prompt run is a row of bench/ray_data.py: about a minute on 2 cores.)"""
     config_path = tiny_toy_config(tmp_path / "job.yaml")
     rss = {}
-    for n in (200, 2000):
-        prompts = write_jsonl(tmp_path / f"p{n}.jsonl", ({"id": f"p{i}", "prompt": f"question {i}?", "pad": "x" * 16384} for i in range(n)))
+    for n in (200, 1000):
+        prompts = write_jsonl(tmp_path / f"p{n}.jsonl", ({"id": f"p{i}", "prompt": f"question {i}?", "pad": "x" * 32768} for i in range(n)))
         rss[n] = driver_rss_mib(prompts, tmp_path / f"out{n}", config_path, ray_address)
         assert len(read_samples(tmp_path / f"out{n}")) == n
-    (peak_small, end_small), (peak_large, end_large) = rss[200], rss[2000]
+    (peak_small, end_small), (peak_large, end_large) = rss[200], rss[1000]
     assert end_large - end_small < 12, rss  # holding the input would add > 32 MB
     # the peak is transient (seen up to ~80 MB above under pytest on a loaded machine, flat
     # outside it): bounded well below "N copies of the input", recorded by the benchmark
@@ -441,16 +441,17 @@ def test_rows_written_to_the_input_while_the_job_runs_are_not_sampled(ray_addres
 
 
 def test_a_full_disk_under_a_ray_job_is_one_line_and_leaves_only_whole_files(ray_address, tmp_path, capsys):
-    """`--out` on a real 100 kB tmpfs that the job's files fill (was 324 lines: Ray Data's two
+    """`--out` on a real 70 kB tmpfs that the job's files fill (was 324 lines: Ray Data's two
     tracebacks and ours, and a cut data file that made the folder unreadable). One line, exit 2;
     the folder holds only committed, whole files; grown, the rerun resumes, each pair once."""
     from tmpfs import grow, small_tmpfs, tmp_files
 
     from presto_ray.cli import main
 
+    PROMPTS = 600  # noqa: N806  (their files overflow the 70 kB part-way)
     config = tiny_toy_config(tmp_path / "job.yaml")
-    prompts = write_jsonl(tmp_path / "p.jsonl", ({"id": f"p{i}", "prompt": f"question {i}?"} for i in range(1500)))
-    with small_tmpfs(tmp_path / "disk") as disk:
+    prompts = write_jsonl(tmp_path / "p.jsonl", ({"id": f"p{i}", "prompt": f"question {i}?"} for i in range(PROMPTS)))
+    with small_tmpfs(tmp_path / "disk", "70k") as disk:
         out = disk / "run"
         argv = ["sample", "--ray", "--config", str(config), "--prompts", str(prompts), "--out", str(out), "--quiet"]
         assert main(argv) == 2
@@ -461,14 +462,14 @@ def test_a_full_disk_under_a_ray_job_is_one_line_and_leaves_only_whole_files(ray
         assert len(lines) == 1 and "Traceback" not in err, err
         assert lines[0].startswith(f"presto-ray: error: --out {out}: cannot write the samples (No space left on device)"), err
         kept = len(read_samples(out))  # every file readable: none cut short
-        assert 0 < kept < 1500 and tmp_files(disk) == []
+        assert 0 < kept < PROMPTS and tmp_files(disk) == []
         assert not list((out / CHECKPOINT_DIR).glob("*.pending.parquet")) and not (out / ".presto-ray-input").exists()
         assert not (out / ".presto-ray.lock").exists()
         grow(disk, "50m")
         assert main(argv) == 0
         assert f"resumed              {kept} finished pairs skipped" in capsys.readouterr().out
         rows = read_samples(out).to_pylist()
-        assert len(rows) == 1500 and len({r["prompt_id"] for r in rows}) == 1500
+        assert len(rows) == PROMPTS and len({r["prompt_id"] for r in rows}) == PROMPTS
 
 
 def test_a_job_summary_says_when_its_engine_figures_are_partial():
