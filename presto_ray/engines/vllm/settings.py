@@ -41,8 +41,8 @@ class VLLMEngineConfigBase(BaseModel):
     tensor_parallel_size: int = Field(1, ge=1, description="GPUs one engine spans (device 'gpu').")
     speculation_batch: int | None = Field(
         None, ge=1,
-        description="Streaming: sequences the engine runs before speculation stops paying, shared by the chains "
-        "(presto_ray/speculation.py); None: max_num_seqs on GPUs, 30 on CPUs (where a step costs three lone steps, "
+        description="Sequences the engine runs before speculation stops paying, shared by the chains in rounds' and "
+        "streaming's budgets (presto_ray/speculation.py); None: max_num_seqs on GPUs, 30 on CPUs (where a step costs three lone steps, "
         "from vLLM's throughputs measured on two CPU cores).",
     )
     logp0_from: Literal["sampler", "scoring_pass"] = Field(
