@@ -5,9 +5,10 @@ single-threaded Python, and the Ray tests spend much of theirs waiting (for a no
 dead, an actor to restart, a timeout to pass). So:
 
 - **statistics**: the statistical tests (marked `slow`, neither vLLM nor Ray) start first, on
-  pytest-xdist workers in the idle scheduling class (Linux's SCHED_IDLE; elsewhere the lowest
-  nice): they run only on cycles the other parts leave free, so they slow no timed check. They are
-  pure arithmetic with no clock in any assertion, which is why only they can be starved safely.
+  pytest-xdist workers in the idle scheduling class (Linux's SCHED_IDLE, in the lightest autogroup;
+  elsewhere the lowest nice): they run only on cycles the other parts leave free, so they slow no
+  timed check. They are pure arithmetic with no clock in any assertion, which is why only they can
+  be starved safely.
 - **light**: the other tests without vLLM or Ray, on pytest-xdist workers (a module's tests
   together: tests/worker_groups.py).
 - **engines**: the vLLM and Ray tests, in one process, one at a time, as before: each vLLM binds
@@ -38,9 +39,20 @@ class Part:
     durations: int
 
 
+AUTOGROUP = "/proc/self/autogroup"
+
+
 def _idle_priority() -> None:
-    """In the child before it runs pytest: run only on otherwise idle cycles (inherited by the
-    xdist workers it starts)."""
+    """In the child, after its setsid and before it runs pytest: run only on otherwise idle cycles
+    (inherited by the xdist workers it starts)."""
+    # With Linux's autogroup scheduling each session is a group that gets a fair share of the CPU
+    # whatever the priorities inside it: the new session alone would take half of two cores, so its
+    # group is made the lightest first (nice 19 weighs 15 against a default group's 1,024).
+    try:
+        with open(AUTOGROUP, "w") as group:
+            group.write("19")
+    except OSError:  # no autogroups here (not Linux, or a kernel built without them)
+        pass
     if hasattr(os, "sched_setscheduler") and hasattr(os, "SCHED_IDLE"):
         os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
     else:
