@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import logging
 from collections.abc import Hashable, Sequence
 
 from ray.exceptions import TaskCancelledError
@@ -22,6 +23,8 @@ from starlette.requests import ClientDisconnect
 from actors.background_tasks import outside_the_call
 from actors.coordinator import CoordinatorHandle
 from presto_ray.openai import client_disconnected
+
+log = logging.getLogger("presto_ray.serve")
 
 # after a client left: how long the ingress waits for its chains' tasks to end before saying
 # chain_finished for them again (they end at their next await; this bounds a stuck one)
@@ -73,11 +76,11 @@ class DisconnectReports:
         if chains:  # each was cancelled: its own chain_finished goes out first (maybe to be cancelled)
             await asyncio.wait(chains, timeout=DISCONNECT_SETTLE_S)
         if coordinator is not None:
-            try:
-                await asyncio.gather(*(coordinator.chain_finished.remote(cid) for cid in chain_ids))
-            except Exception:  # a restarting coordinator has forgotten the chains anyway
-                pass
+            try:  # bounded: a stuck coordinator must not keep the disconnect uncounted
+                await asyncio.wait_for(asyncio.gather(*(coordinator.chain_finished.remote(cid) for cid in chain_ids)), DISCONNECT_SETTLE_S)
+            except Exception as e:  # a restarting coordinator has forgotten the chains anyway
+                log.info("after a client left: chain_finished for its chains did not complete (%s)", type(e).__name__)
         try:
             await self.pool.count_disconnect.remote()
-        except Exception:  # the pool is restarting: the count is lost with it, nothing else
-            pass
+        except Exception as e:  # the pool is restarting: the count is lost with it, nothing else
+            log.warning("a client's disconnect went uncounted: the sampling pool's count failed (%s: %s)", type(e).__name__, e)
