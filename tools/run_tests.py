@@ -51,7 +51,7 @@ def _idle_priority() -> None:
     try:
         with open(AUTOGROUP, "w") as group:
             group.write("19")
-    except OSError:  # no autogroups here (not Linux, or a kernel built without them)
+    except OSError:  # no autogroups here (not Linux, a kernel without them), or the kernel's rate limit
         pass
     if hasattr(os, "sched_setscheduler") and hasattr(os, "SCHED_IDLE"):
         os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
