@@ -95,6 +95,12 @@ class ChainStream(ProposalBook):
         self._sent_bounds: dict[ProposalKey, tuple[RejectionBound, ...]] = {}  # what each running request carries
         self._woken: dict[ProposalKey, set[int]] = {}  # fork points asked for, per running request
         self._tree: PlanTree | None = None  # the plan from the current state and knowledge
+        # what the plan knows of each proposal, by its first try (MultiTryMH plans none below an
+        # accept): its tokens so far and whether it ended; which ended by early rejection; and
+        # which requests' knowledge changed since the last plan (the cache diffs only those)
+        self._known: dict[RequestKey, tuple[tuple[int, ...], bool]] = {}
+        self._stopped_early: set[RequestKey] = set()
+        self._touched: dict[RequestKey, None] = {}
 
     @property
     def running_requests(self) -> int:
@@ -116,7 +122,8 @@ class ChainStream(ProposalBook):
             if event.completion is not None:
                 transitions += self._complete(event.key, event.completion)
             else:
-                self._partial[event.key] = tuple(event.partial or ())
+                tokens = self._partial[event.key] = tuple(event.partial or ())
+                self._know(event.key, (tokens, False))
                 self._tree = None
         aborts = tuple(self._drop_useless())
         if self.chain.done:
@@ -132,12 +139,15 @@ class ChainStream(ProposalBook):
         del self._running[key]
         self._forget(key)
         self._completed[key] = completion
+        # a stopped proposal's tokens are the full one's first tokens; its end is unknown
+        self._know(key, (completion.token_ids, not completion.stopped_early), completion.stopped_early)
         self._count_completed(key, completion)
         report = self._walked(self.chain.walk(self._completed.get))
         for used in report.used:
             del self._completed[used]
-        if report.unusable is not None:
-            self._completed.pop(report.unusable, None)  # asked again, without bounds, by the next start
+            self._know(used, None)
+        if report.unusable is not None and self._completed.pop(report.unusable, None) is not None:
+            self._know(report.unusable, None)  # asked again, without bounds, by the next start
         self._tree = None
         return report.transitions
 
@@ -148,8 +158,10 @@ class ChainStream(ProposalBook):
         for key in useless:
             del self._running[key]
             self._forget(key)
+            self._know(key, None)
         for key in [key for key in self._completed if key[:2] not in needed]:
             del self._completed[key]
+            self._know(key, None)
         self.chain.stats.aborted_requests += len(useless)
         return useless
 
@@ -173,6 +185,7 @@ class ChainStream(ProposalBook):
             for i, request in enumerate(self.planner.requests(key, tree)):
                 starts.append(StartRequest((*key, i), request, priority))
                 self._running[(*key, i)] = None
+                self._know((*key, i), ((), False))
                 self._sent_bounds[(*key, i)] = request.rejection_bounds
         stats = self.chain.stats
         stats.stream_batches += 1
@@ -212,7 +225,8 @@ class ChainStream(ProposalBook):
     # --- what the plan knows ----------------------------------------------------------------
     def _plan(self) -> PlanTree:
         if self._tree is None:
-            self._tree = self.planner.tree(*self._knowledge())
+            touched, self._touched = self._touched, {}
+            self._tree = self.planner.tree(self._known, self._stopped_early, touched)
         return self._tree
 
     def _forget(self, key: ProposalKey) -> None:
@@ -220,18 +234,18 @@ class ChainStream(ProposalBook):
         self._sent_bounds.pop(key, None)
         self._woken.pop(key, None)
 
-    def _knowledge(self) -> tuple[ProposalKnowledge, set[RequestKey]]:
-        """What the plan knows of each proposal (by its first try: MultiTryMH plans none below an
-        accept), and which were stopped early."""
-        known: dict[RequestKey, tuple[tuple[int, ...], bool]] = {
-            key[:2]: (self._partial.get(key, ()), False) for key in self._running if key[2] == 0
-        }
-        stopped: set[RequestKey] = set()
-        for key, completion in self._completed.items():
-            if key[2] == 0:
-                # a stopped proposal's tokens are the full one's first tokens; its end is unknown
-                known[key[:2]] = (completion.token_ids, not completion.stopped_early)
-                if completion.stopped_early:
-                    stopped.add(key[:2])
-        return known, stopped
-
+    def _know(self, key: ProposalKey, info: tuple[tuple[int, ...], bool] | None, stopped_early: bool = False) -> None:
+        """What the plan knows of `key`'s proposal now (None: nothing; it is neither running nor
+        held): kept by its first try only."""
+        if key[2] != 0:
+            return
+        request = key[:2]
+        if info is None:
+            del self._known[request]
+        else:
+            self._known[request] = info
+        if stopped_early:
+            self._stopped_early.add(request)
+        else:
+            self._stopped_early.discard(request)
+        self._touched[request] = None

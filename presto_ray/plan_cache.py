@@ -15,7 +15,7 @@ kept as counts and updated in place: presto_ray/plan_counts.py.
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Iterable
 
 from presto_ray.schedule import Event, Schedule
 from presto_ray.selection import PlanNode
@@ -24,6 +24,9 @@ from presto_ray.plan_tree import TokenRun, _Facts, PlanTree, PlanRules, RequestK
 
 
 _NO_KNOWLEDGE: dict = {}
+# the token count a dead node with a source waits for: none (only a source that starts, ends or
+# changes re-expands it, never one that grows)
+_NEVER_GROWN = 1 << 62
 
 
 # A cache holding more nodes than this many times its last tree's (superseded knowledge leaves
@@ -100,29 +103,49 @@ class PlanCache(TreeCounts):
         self._event_index = event_index
         return afresh
 
-    def _learn(self, proposal: ProposalKnowledge | None, stopped_early: StoppedEarly | None) -> None:
-        """Mark stale the nodes whose request's knowledge changed since the last tree."""
-        now = dict(proposal) if proposal else {}
+    def _learn(
+        self, proposal: ProposalKnowledge | None, stopped_early: StoppedEarly | None, changed_keys: Iterable[RequestKey] | None
+    ) -> None:
+        """Mark stale the nodes whose request's knowledge changed since the last tree: of every
+        request, or of `changed_keys` only (the caller's word that no other request's changed)."""
         stopped = frozenset(stopped_early) if stopped_early else frozenset()
         before = self._proposal
+        now: dict[RequestKey, tuple[tuple[int, ...], bool]]
+        if changed_keys is None:
+            now = dict(proposal) if proposal else {}
+            keys: Iterable[RequestKey] = [*now, *(key for key in before if key not in now)]
+        else:
+            now = before  # brought up to date key by key below
+            keys = changed_keys
         # a proposal that only grew changes nothing for the nodes that need it (their accept
         # child names it as its source), only for the pending nodes waiting for its tokens
         grown = []
         changed = []
-        for key, info in now.items():
+        started = []
+        for key in keys:
             old = before.get(key)
-            if old != info:
-                if old is not None and not old[1] and not info[1] and info[0][: len(old[0])] == old[0]:
-                    grown.append(key)
-                else:
-                    changed.append(key)
-                    if old is not None and not old[1]:
-                        self._forget_source(key)
-        for key in before:
-            if key not in now:
+            info = proposal.get(key) if proposal else None
+            if old == info:
+                continue
+            if info is None:  # no longer running nor finished
                 changed.append(key)
-                if not before[key][1]:
+                if not old[1]:  # type: ignore[index]
                     self._forget_source(key)
+            elif old is None and not info[1]:
+                # the facts below its accept edge stay (plan_tree._accepted): only the nodes
+                # that wait for its tokens change
+                started.append(key)
+            elif old is not None and not old[1] and not info[1] and info[0][: len(old[0])] == old[0]:
+                grown.append(key)
+            else:
+                changed.append(key)
+                if old is None or not old[1]:
+                    self._forget_source(key)
+            if changed_keys is not None:
+                if info is None:
+                    del now[key]
+                else:
+                    now[key] = info
         changed += list(stopped ^ self._stopped)
         newly_stale = self._newly_stale
         readers, source_readers = self._readers, self._source_readers
@@ -131,7 +154,7 @@ class PlanCache(TreeCounts):
                 if not node.stale:
                     node.stale = True
                     newly_stale.append(node)
-        for key in changed:
+        for key in changed + started:
             for node in source_readers.get(key, ()):
                 if not node.stale:
                     node.stale = True
@@ -179,6 +202,9 @@ class PlanCache(TreeCounts):
         node.expansion, node.stale, node.read_root, node.look = expansion, False, at_root, _UNDRESSED
         if expansion is None:
             node.branch_nodes = []
+            source = node.facts.source
+            if source is not None:  # dead until its source runs, maybe: it reads the source's knowledge
+                self._source_readers.setdefault(source, {})[node] = _NEVER_GROWN
             return
         if expansion.key is not None:
             self._readers.setdefault(expansion.key, set()).add(node)
@@ -204,15 +230,17 @@ class PlanCache(TreeCounts):
         max_keyed_depth: int,
         proposal: ProposalKnowledge | None = None,
         stopped_early: StoppedEarly | None = None,
+        changed: Iterable[RequestKey] | None = None,
     ) -> PlanTree:
         """The DAG of future events from the realized state `tokens` at event `event_index`
         (see `build_plan_tree`). `version` must change whenever `rules`' branch law does, and
-        `depends_on` be another object whenever its cut law does."""
+        `depends_on` be another object whenever its cut law does. `changed`: the requests whose
+        `proposal` entry may differ from the last tree's (None: any may)."""
         schedule = rules.schedule
         max_depth = min(MAX_PLAN_DEPTH, schedule.num_events - event_index)
         last_event = event_index + max_depth - 1
         afresh = self._sync(event_index, (version, depends_on, last_event))
-        self._learn(proposal, stopped_early)
+        self._learn(proposal, stopped_early, None if afresh else changed)
         if tokens is not self._root_tokens[0]:
             self._root_tokens = (tokens, TokenRun(tuple(tokens)))
         root = self._node(event_index, _Facts(self._root_tokens[1], len(tokens), True), schedule)

@@ -127,18 +127,25 @@ class TreeCounts:
         else:
             self._dress(node)
             self._count(node, 1)
+            enter = self._enter
+            depth = node.depth + 1
             for child, _ in node.branch_nodes:
-                self._enter(child, node.depth + 1)  # type: ignore[arg-type]
+                enter(child, depth)  # type: ignore[arg-type]
+        leave = self._leave
         for child, _ in old:
-            self._leave(child)  # type: ignore[arg-type]
+            leave(child)  # type: ignore[arg-type]
 
+    # `_enter` and `_leave` run for every node an update moves in or out of the tree (hundreds
+    # per event): `_count` and `_dress` are inlined there, the common case (a keyed node that is
+    # neither free nor pending) first; the same operations as theirs.
     def _enter(self, node: _CachedNode, depth: int) -> None:
         """One more branch of the tree leads to `node`."""
         if node.walk != self._walk:
-            node.walk, node.parents = self._walk, 0
-        node.parents += 1
-        if node.parents > 1:
-            return
+            node.walk, node.parents = self._walk, 1
+        else:
+            node.parents += 1
+            if node.parents > 1:
+                return
         node.depth = depth
         self._level_nodes[depth] += 1
         if depth > self._last_depth:
@@ -151,13 +158,33 @@ class TreeCounts:
             node.at_root = facts is root_facts or (facts.whole_known and facts.known == root_facts.known)  # type: ignore[union-attr]
         if node.stale or node.read_root is not node.at_root:
             self._expand(node, self._rules, self._last_event, node.at_root)  # type: ignore[arg-type]
-        if node.expansion is None:
+        expansion = node.expansion
+        if expansion is None:
             _dress_dead(node)
             return
-        self._dress(node)
-        self._count(node, 1)
+        key = expansion.key
+        if node.look != _AS_EXPANDED:
+            node.key, node.free, node.pending = key, expansion.free, expansion.pending
+            node.value = 0.0 if expansion.free else 1.0
+            node.cost = self._rules.requests_per_step if key is not None and not node.event.is_extension else 1  # type: ignore[union-attr]
+            node.children = node.branch_nodes
+            node.look = _AS_EXPANDED
+        if expansion.free or expansion.pending:
+            self._count(node, 1)
+        elif key is not None:
+            self._level_keyed[depth] += 1
+            counts = self._key_nodes
+            counts[key] = counts.get(key, 0) + 1
+            if expansion.is_fork:
+                counts = self._fork_nodes
+                counts[key] = counts.get(key, 0) + 1
+            if node.at_root:
+                counts = self._root_state_nodes
+                counts[key] = counts.get(key, 0) + 1
+        enter = self._enter
+        depth += 1
         for child, _ in node.branch_nodes:
-            self._enter(child, depth + 1)  # type: ignore[arg-type]
+            enter(child, depth)  # type: ignore[arg-type]
 
     def _leave(self, node: _CachedNode) -> None:
         """One branch fewer of the tree leads to `node`."""
@@ -166,11 +193,30 @@ class TreeCounts:
             return
         depth = node.depth
         self._level_nodes[depth] -= 1
-        if depth > self._last_depth or node.expansion is None:
+        expansion = node.expansion
+        if depth > self._last_depth or expansion is None:
             return
-        self._count(node, -1)
+        key = expansion.key
+        if expansion.free or expansion.pending:
+            self._count(node, -1)
+        elif key is not None:
+            self._level_keyed[depth] -= 1
+            _drop(self._key_nodes, key)
+            if expansion.is_fork:
+                _drop(self._fork_nodes, key)
+            if node.at_root:
+                _drop(self._root_state_nodes, key)
+        leave = self._leave
         for child, _ in node.branch_nodes:
-            self._leave(child)  # type: ignore[arg-type]
+            leave(child)  # type: ignore[arg-type]
+
+
+def _drop(counts: dict, key: object) -> None:
+    count = counts[key] - 1
+    if count:
+        counts[key] = count
+    else:
+        del counts[key]
 
 
 def _depth_of(node: _CachedNode) -> int:

@@ -72,7 +72,7 @@ class _Facts(NamedTuple):  # a tuple: hashed and compared in C, a tree hashes th
     known: tuple[int, ...]
     length: int
     whole_known: bool
-    source: RequestKey | None = None  # the unfinished proposal whose tokens follow `known`
+    source: RequestKey | None = None  # the unfinished proposal (running or only planned) whose tokens follow `known`
     source_start: int = 0  # where that proposal's tokens begin (len(known) with a source)
     # below a pending step's accept edge: the source's tokens hold only up to that step's cut
     # (a new proposal follows); None: to the state's end
@@ -159,8 +159,8 @@ class PlanRules:
             if source is not None and cut > facts.source_start:
                 known_part = facts.known + _source_tokens(facts, proposal)
             if cut > len(known_part):  # deferred: its prefix holds tokens not generated yet
-                if source is None or (facts.source_end is not None and cut > facts.source_end):
-                    return None  # nobody is generating them
+                if source is None or source not in proposal or (facts.source_end is not None and cut > facts.source_end):
+                    return None  # nobody is generating them (a source planned, not started, is not)
                 # a fork once the source has these tokens; until then the step is pending and
                 # the walk's future beyond it is planned (requests whose prefix exists may start)
                 fork = (source, cut - facts.source_start)
@@ -188,9 +188,9 @@ def _accepted(kept: tuple[int, ...], key: RequestKey, cut: int, guessed_length: 
     first `cut` tokens). An unfinished proposal is the new state's source: its tokens so far are
     read from the knowledge where a node needs them."""
     if info is None or not info[1]:
+        # the same facts whether the proposal runs or is only planned: a request that starts
+        # leaves the nodes below its accept edge as they are but for those waiting for its tokens
         run = kept if type(kept) is TokenRun else TokenRun(kept)
-        if info is None:
-            return _Facts(run, guessed_length, False)
         return _Facts(run, guessed_length, False, source=key, source_start=cut)
     known = TokenRun(kept + info[0])
     return _Facts(known, len(known), True)

@@ -10,7 +10,7 @@ learns from the edges the walk realizes (`observe`).
 
 from __future__ import annotations
 
-from typing import cast
+from typing import Iterable, cast
 
 from presto_ray.chain import Chain, WalkReport
 from presto_ray.early_rejection import RejectionBound
@@ -67,10 +67,17 @@ class Planner:
         collector (presto_ray/collector.py), up to thousands of nodes per chain."""
         self._plan_cache = PlanCache()
 
-    def tree(self, proposal: ProposalKnowledge | None = None, stopped_early: StoppedEarly | None = None) -> PlanTree:
+    def tree(
+        self,
+        proposal: ProposalKnowledge | None = None,
+        stopped_early: StoppedEarly | None = None,
+        changed: Iterable[RequestKey] | None = None,
+    ) -> PlanTree:
         """The plan from the chain's current state. Streaming passes what it knows of running and
-        finished proposals (`proposal`, `stopped_early`); rounds know nothing below an accept."""
+        finished proposals (`proposal`, `stopped_early`) and, when it can tell, which of them
+        changed since its last tree (`changed`); rounds know nothing below an accept."""
         chain, config = self.chain, self.chain.config
+        multi_try = chain.kernel.num_tries != 1
         return self._plan_cache.tree(
             chain.state.tokens,
             chain.event_index,
@@ -79,8 +86,9 @@ class Planner:
             depends_on=chain.state if self._cuts_depend_on_state else None,
             max_keyed_depth=1 if config.traversal == "serial" else config.prefetch_budget,
             # MultiTryMH: which try an accept keeps is known only when the step is walked
-            proposal=proposal if chain.kernel.num_tries == 1 else None,
+            proposal=None if multi_try else proposal,
             stopped_early=stopped_early,
+            changed=None if multi_try else changed,
         )
 
     def select(self, tree: PlanTree, budget: int, issued: set[RequestKey], min_gain: float | None = None) -> list[RequestKey]:

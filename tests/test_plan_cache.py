@@ -44,8 +44,8 @@ def checked_trees(monkeypatch):
     incremental = Planner.tree
     count = [0]
 
-    def checked(self, proposal=None, stopped_early=None):
-        tree = incremental(self, proposal, stopped_early)
+    def checked(self, proposal=None, stopped_early=None, changed=None):
+        tree = incremental(self, proposal, stopped_early, changed)
         chain, config = self.chain, self.chain.config
         rules = self._rules
         reference = build_plan_tree(
@@ -113,8 +113,10 @@ def test_a_cache_that_outgrows_its_trees_starts_afresh(checked_trees, monkeypatc
 
     def counting_sync(self, event_index, version):
         before = self._nodes
-        real_sync(self, event_index, version)
+        started_afresh = real_sync(self, event_index, version)
         afresh.append(self._nodes is not before)
+        assert started_afresh == afresh[-1]
+        return started_afresh
 
     monkeypatch.setattr(PlanCache, "_sync", counting_sync)
     chain = Chain([5, 6, 7], config, engine.eos_token_id)
