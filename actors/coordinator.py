@@ -27,6 +27,7 @@ import asyncio
 import dataclasses
 import time
 import uuid
+import warnings
 from collections.abc import Hashable, Mapping, Sequence
 from typing import Any
 
@@ -102,6 +103,7 @@ class Coordinator:
         self._wake: asyncio.Event | None = None
         self._dispatcher: asyncio.Task[None] | None = None
         self.streams = StreamRouter(self.core, self.replicas.__getitem__, self.tasks, self.metrics, self.carry_out)
+        self._was_restarted: bool | None = None  # see `_restarted`
 
     # --- what chains call ----------------------------------------------------------------
     @remote_method
@@ -212,9 +214,19 @@ class Coordinator:
         per-replica lists indexed by the cluster's replica index; a coordinator Ray restarted
         counts from its restart and says so (`incomplete_shards`)."""
         figures = self.core.snapshot()
-        if ray.get_runtime_context().was_current_actor_reconstructed:
+        if self._restarted():
             return dataclasses.replace(figures, incomplete_shards=1)
         return figures
+
+    def _restarted(self) -> bool:
+        """Whether Ray restarted this coordinator: asked once (a query of Ray's state API) and kept,
+        since a restart is a new process. Ray's own property reads its deprecated `actor_id`,
+        whose warning would reach the driver's terminal as a line of this actor's: not shown."""
+        if self._was_restarted is None:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", DeprecationWarning)
+                self._was_restarted = bool(ray.get_runtime_context().was_current_actor_reconstructed)
+        return self._was_restarted
 
     @remote_method
     def shutdown(self) -> None:
