@@ -31,7 +31,8 @@ from bench.table import Columns, format_table
 from presto_ray import __version__
 from presto_ray.config import SamplerConfig
 from presto_ray.driver import sample_many
-from presto_ray.engines.base import Engine
+from presto_ray.engines.base import CallAccounting, Engine
+from presto_ray.engines.virtual_clock import VirtualClockEngine
 from presto_ray.engines.specs import AnyEngineConfig
 from presto_ray.job import encode_prompt, prompt_seed
 from presto_ray.output import write_json_atomic
@@ -104,6 +105,9 @@ def run_real_load_bench(
     }  # fmt: skip
     mine = (base.schedule, base.traversal, base.early_rejection)
     default = next((name for name, *setting in settings if tuple(setting) == mine), None)
+    # a real engine replayed on a measured device (bench/replay.py): its virtual seconds, decode
+    # steps and tokens (its clock and accounting run on across calls: each run takes their change)
+    replay = engine if isinstance(engine, VirtualClockEngine) else None
     kv = KVCachePeak()
     clear_prefix_cache = getattr(getattr(engine, "prefix_cache", None), "clear", None)  # the transformers engine's
     measured: dict[tuple[int, str], list[dict]] = {}
@@ -126,12 +130,17 @@ def run_real_load_bench(
                     kv.reset()
                     load_before = os.getloadavg()[0]
                     started, cpu_started = time.perf_counter(), time.process_time()
+                    before = (replay.clock.time, replay.clock.decode_steps, replay.accounting()) if replay else None
                     results, accounting = sample_many(engine, prompts, configs)
                     wall, cpu = time.perf_counter() - started, time.process_time() - cpu_started
+                    steps = kv.steps
+                    if replay and before:
+                        wall, steps = replay.clock.time - before[0], replay.clock.decode_steps - before[1]
+                        accounting = _since(replay.accounting(), before[2])
                     samples = [list(r.token_ids) for r in results]
                     run = {
                         "chains": chains, "setting": name, "repeat": repeat, "wall_time_s": wall, "cpu_time_s": cpu,
-                        "load_1min_before": round(load_before, 2), "engine_steps": kv.steps or None,  # 0: another engine's gauge
+                        "load_1min_before": round(load_before, 2), "engine_steps": steps or None,  # 0: another engine's gauge
                         "transitions": sum(r.stats.transitions for r in results),
                         "generated_tokens": accounting.generated_tokens, "prompt_tokens": accounting.prompt_tokens,
                         "cached_prompt_tokens": accounting.cached_prompt_tokens, "calls": accounting.calls,
@@ -144,7 +153,7 @@ def run_real_load_bench(
                     if progress:
                         progress(
                             f"{chains} chains, repeat {repeat}, {name}: {wall:.2f} s (CPU {cpu:.2f} s, load "
-                            f"{load_before:.1f}), {accounting.generated_tokens} tokens, {kv.steps} engine steps"
+                            f"{load_before:.1f}), {accounting.generated_tokens} tokens, {steps} engine steps"
                         )
     finally:
         kv.close()
@@ -164,7 +173,11 @@ def run_real_load_bench(
             "chains": "chain i samples prompt i % P as chain i // P (P prompts); all chains in one sample_many call",
             "seeds": "prompt_seed(seed, prompt id, chain), as a job seeds its chains",
             "seed": seed,
-            "clock": "wall clock, around each sample_many call; one untimed warm-up sample first",
+            "clock": (
+                "virtual seconds of the measured device (bench/replay.py), around each sample_many call"
+                if replay else "wall clock, around each sample_many call"
+            ) + "; one untimed warm-up sample first",
+            "device_curve": replay.device.model_dump(mode="json") if replay and replay.device else None,
             "engine_steps": (
                 "engine steps that ran during the call: sets of vLLM's KV-cache gauge (one per step)"
                 if any(run["engine_steps"] is not None for run in timeline) else None
@@ -232,6 +245,17 @@ def _row(
         "speedup_vs_serial": statistics.median(ratios),
         "same_as_serial": all(samples == reference for samples in tokens[(chains, name)]),
     }
+
+
+def _since(now: CallAccounting, before: CallAccounting) -> CallAccounting:
+    """What an engine's running accounting counted between two readings."""
+    return CallAccounting(
+        calls=now.calls - before.calls,
+        num_requests=now.num_requests - before.num_requests,
+        prompt_tokens=now.prompt_tokens - before.prompt_tokens,
+        cached_prompt_tokens=now.cached_prompt_tokens - before.cached_prompt_tokens,
+        generated_tokens=now.generated_tokens - before.generated_tokens,
+    )
 
 
 def samples_check(rows: Sequence[dict]) -> dict:

@@ -8,8 +8,12 @@ short generation over their difference in tokens, (t(long) - t(short)) / (long -
 cancels the call's fixed costs and the first token's prefill. This is the whole engine step as
 presto-ray drives it (vLLM's scheduler and forward, its sampler with presto-ray's columns, the
 outputs read back), the cost the virtual clock's measured device charges per step. Prefill: one
-fresh prompt of `--prefill-tokens` against one of 64 tokens, one new token each. Batch sizes
-are measured in alternating order over the repeats; the median is kept. Wall clock.
+fresh prompt of `--prefill-tokens` against one of 64 tokens, one new token each (a long prompt
+alone). `--prefill-mixed` measures it instead as a chain's request pays it: `--mixed-tokens` fresh
+tokens after a cached prompt, in a request that joins `--mixed-batch` sequences decoding the
+same length (that call against the same call with every prompt cached); the curves then carry
+this cost. Batch sizes are measured in alternating order over the repeats; the median is kept.
+Wall clock.
 
 Each context's curve goes to `<out>/device_curve_ctx<C>.json` (presto_ray/engines/device_curve.py),
 the figures with every repeat to `<out>/vllm_curve.json`. Host time per chain event is left 0:
@@ -26,6 +30,7 @@ import platform
 import random
 import statistics
 import time
+from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -74,10 +79,30 @@ def prefill_time_per_token(engine: Any, tokens: int, vocab: int, repeats: int) -
     return statistics.median(per_token)
 
 
+def mixed_prefill_time_per_token(engine: Any, tokens: int, batch: int, long: int, vocab: int, repeats: int) -> float:
+    """Seconds per uncached prompt token of a request that joins `batch` - 1 decoding sequences:
+    its prompt is a cached one plus `tokens` fresh tokens; the same call with every prompt cached
+    is the baseline (alternated, median of `repeats`)."""
+    prompt = random_prompt(64, 40_000, vocab)
+    engine.generate([ProposalRequest(prompt, (), 1, 1.0, 0)])  # the shared prompt into the prefix cache
+    per_token = []
+    for r in range(repeats):
+        cached = [ProposalRequest(prompt, (), long, 1.0, 50_000 + 100 * r + s, stop_at_eos=False) for s in range(batch)]
+        fresh = replace(cached[-1], prompt_token_ids=prompt + random_prompt(tokens, 60_000 + r, vocab))
+        calls = [("cached", cached), ("mixed", [*cached[:-1], fresh])]
+        times = {name: timed(engine, requests) for name, requests in (calls if r % 2 == 0 else calls[::-1])}
+        per_token.append(max(times["mixed"] - times["cached"], 0.0) / tokens)
+    return statistics.median(per_token)
+
+
 def measure(engine: Any, args: argparse.Namespace, progress: Any = print) -> dict:
     vocab = min(engine.tokenizer.vocab_size, 40_000)
-    prefill = prefill_time_per_token(engine, args.prefill_tokens, vocab, args.repeats)
-    progress(f"prefill: {prefill * 1e3:.3f} ms per uncached prompt token")
+    if args.prefill_mixed:
+        prefill = mixed_prefill_time_per_token(engine, args.mixed_tokens, args.mixed_batch, args.long, vocab, args.repeats)
+        progress(f"prefill: {prefill * 1e3:.3f} ms per uncached prompt token, {args.mixed_tokens} joining {args.mixed_batch - 1} decoding")
+    else:
+        prefill = prefill_time_per_token(engine, args.prefill_tokens, vocab, args.repeats)
+        progress(f"prefill: {prefill * 1e3:.3f} ms per uncached prompt token")
     runs: dict[int, dict[int, list[float]]] = {}
     for context in args.contexts:
         prompt = random_prompt(context, context, vocab)
@@ -101,6 +126,9 @@ def main() -> None:
     parser.add_argument("--long", type=int, default=40, help="tokens of the long generation")
     parser.add_argument("--prefill-tokens", type=int, default=1024)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--prefill-mixed", action="store_true", help="prefill as a request joining decoding sequences pays it")
+    parser.add_argument("--mixed-tokens", type=int, default=128, help="--prefill-mixed: fresh prompt tokens of the joining request")
+    parser.add_argument("--mixed-batch", type=int, default=16, help="--prefill-mixed: sequences in the call, the joining one included")
     args = parser.parse_args()
     args.batch_sizes = [int(v) for v in args.batch_sizes.split(",")]
     args.contexts = [int(v) for v in args.contexts.split(",")]
@@ -131,6 +159,10 @@ def main() -> None:
             batch_sizes=tuple(args.batch_sizes), step_time_s=tuple(times),
             prefill_time_per_token_s=figures["prefill_time_per_token_s"],
         )  # fmt: skip
+        if args.prefill_mixed:
+            curve = curve.model_copy(update={"source": curve.source + (
+                f"; prefill: {args.mixed_tokens} fresh prompt tokens joining {args.mixed_batch - 1} decoding sequences"
+            )})  # fmt: skip
         curves[context] = curve
         write_json_atomic(curve.model_dump(mode="json"), out / f"device_curve_ctx{context}.json")
     print(format_table(rows, COLUMNS))
@@ -144,6 +176,11 @@ def main() -> None:
         "short_tokens": args.short, "long_tokens": args.long, "repeats": args.repeats,
         "load_average_after": os.getloadavg(),
         "prefill_time_per_token_s": figures["prefill_time_per_token_s"],
+        "prefill": (
+            f"{args.mixed_tokens} fresh prompt tokens after a cached prompt, joining {args.mixed_batch - 1} sequences "
+            f"decoding {args.long} tokens, against the same call with every prompt cached"
+            if args.prefill_mixed else f"a fresh {args.prefill_tokens}-token prompt alone against a 64-token one"
+        ),
         "rows": rows,
         "free_batch": {str(c): curve.free_batch() for c, curve in curves.items()},
         "step_time_s_runs": {str(c): {str(b): v for b, v in by.items()} for c, by in figures["runs"].items()},

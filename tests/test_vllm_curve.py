@@ -14,8 +14,12 @@ from presto_ray.engines.device_curve import DeviceCurve
 pytestmark = pytest.mark.vllm
 
 
-def test_the_curve_times_steps_per_batch_size_and_prefill(vllm_engine):
-    args = argparse.Namespace(batch_sizes=[1, 4], contexts=[40], short=2, long=6, prefill_tokens=200, repeats=1)
+@pytest.mark.parametrize("prefill_mixed", [False, True])
+def test_the_curve_times_steps_per_batch_size_and_prefill(vllm_engine, prefill_mixed):
+    args = argparse.Namespace(
+        batch_sizes=[1, 4], contexts=[40], short=2, long=6, prefill_tokens=200, repeats=1,
+        prefill_mixed=prefill_mixed, mixed_tokens=32, mixed_batch=2,
+    )  # fmt: skip
     figures = measure(vllm_engine, args, progress=lambda _: None)
     assert figures["prefill_time_per_token_s"] >= 0
     runs = figures["runs"][40]

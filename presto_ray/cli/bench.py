@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from presto_ray.engines.base import Engine
+    from presto_ray.engines.device_curve import DeviceCurve
     from presto_ray.job import JobConfig
 
 
@@ -101,25 +102,34 @@ def _bench_virtual_clock(args: argparse.Namespace) -> int:
     load_out = Path(out).with_name(Path(out).stem + "_load.json")
     devices = load_devices() if args.saturation is None else load_devices(args.saturation)
     if args.device_curve is not None:
-        from pydantic import ValidationError
-
         from bench.virtual_clock_load import measured_device
-        from presto_ray.engines.device_curve import DeviceCurve
 
         try:
-            devices = measured_device(DeviceCurve.load(args.device_curve))
-        except ValidationError as e:
-            first = e.errors()[0]
-            field = ".".join(str(part) for part in first["loc"]) or "the curve"
-            return fail(f"--device-curve {args.device_curve}: {field}: {first['msg']}")
-        except (OSError, ValueError) as e:  # unreadable, or not JSON
-            return fail(f"--device-curve {args.device_curve}: {e}")
+            devices = measured_device(_device_curve(args.device_curve))
+        except BadInput as e:
+            return fail(str(e))
     load_rows = run_load_bench(devices=devices, out_json=load_out, progress=progress)
     print(format_load_report(load_rows))
     plot_load(load_rows, load_out.with_suffix(".png"))
     written += [str(load_out), str(load_out.with_suffix(".png"))]
     print(f"wrote {', '.join(written)}")
     return OK
+
+
+def _device_curve(path: str) -> DeviceCurve:
+    """The DeviceCurve JSON at `path` (BadInput naming the file and the bad field)."""
+    from pydantic import ValidationError
+
+    from presto_ray.engines.device_curve import DeviceCurve
+
+    try:
+        return DeviceCurve.load(path)
+    except ValidationError as e:
+        first = e.errors()[0]
+        field = ".".join(str(part) for part in first["loc"]) or "the curve"
+        raise BadInput(f"--device-curve {path}: {field}: {first['msg']}") from None
+    except (OSError, ValueError) as e:  # unreadable, or not JSON
+        raise BadInput(f"--device-curve {path}: {e}") from None
 
 
 BENCH_REAL_OUT = "bench/results/vllm_cpu_streaming.json"
@@ -284,9 +294,12 @@ def _bench_real_load(args: argparse.Namespace) -> int:
         return fail("--variants is the one-chain bench's: --chains runs PowerMH serial, rounds and streaming only")
     if args.early_rejection not in (None, "both"):
         return fail("--early-rejection is the one-chain bench's: --chains runs every setting off and on")
-    if args.repeats < 1:
+    if args.repeats is not None and args.repeats < 1:
         return fail(f"--repeats: expected at least 1, got {args.repeats}")
+    curve = None
     try:
+        if args.replay_curve is not None:
+            curve = _device_curve(args.replay_curve)
         counts = comma_ints(
             args.chain_counts,
             invalid="--chains: expected comma-separated integers (e.g. 1,4,16,64), got {text!r}",
@@ -305,19 +318,29 @@ def _bench_real_load(args: argparse.Namespace) -> int:
         return fail(str(e))
     from bench.real_load import ALL_SETTINGS, SETTINGS, format_report, format_samples_check, run_real_load_bench
 
-    out = args.out or f"bench/results/{Path(args.config).stem if args.config else 'vllm_cpu'}_load.json"
+    stem = f"{Path(args.config).stem if args.config else 'vllm_cpu'}_load{'_replayed' if curve else ''}"
+    out = args.out or f"bench/results/{stem}.json"
     png = args.png or str(Path(out).with_suffix(".png"))
+
+    def on(engine: Engine) -> Engine:
+        if curve is None:
+            return engine
+        from bench.replay import replayed
+
+        block = getattr(config.engine, "kv_block_size", None) or 16
+        return replayed(engine, curve, cache_block_size=block, max_running=getattr(config.engine, "max_num_seqs", None))
+
     return _on_engine(
         args, config, source, out, png,
         lambda engine: run_real_load_bench(
             args.prompts,
             counts,
-            engine,
+            on(engine),
             engine_spec=config.engine,
             sampler_config=sampler,
             mh_steps=mh_steps if args.mh_steps is None else args.mh_steps,
             block_size=block_size if args.block_size is None else args.block_size,
-            repeats=args.repeats,
+            repeats=args.repeats if args.repeats is not None else 2 if curve is None else 1,
             seed=sampler.seed,
             num_prompts=args.n,
             out_json=out,
@@ -447,7 +470,16 @@ def add_bench_real(sub: Subparsers) -> None:
         help="--chains: serial, rounds and streaming off and on (standard), or also serial chains streamed (all: "
         "each chain's next request sent as soon as its last ends, not with the round's slowest)",
     )
-    r.add_argument("--repeats", type=int, default=2, help="--chains: times over the settings, order reversed each time (default 2)")
+    r.add_argument(
+        "--repeats", type=int, default=None,
+        help="--chains: times over the settings, order reversed each time (default 2; with --device-curve 1)",
+    )
+    r.add_argument(
+        "--device-curve", default=None, dest="replay_curve", metavar="CURVE",
+        help="--chains: replay the engine on the virtual clock of this measured device (a JSON DeviceCurve): "
+        "the same runs, every completion the engine's own (each computed once), time in the curve's virtual "
+        "seconds, a prediction to set beside the wall-clock run (bench/replay.py); default --repeats 1",
+    )
     r.add_argument("--mh-steps", type=int, default=None, help="K (default 20; with --config, the config's)")
     r.add_argument("--block-size", type=int, default=None, help="T (default 48; with --config, the config's)")
     r.add_argument(

@@ -25,6 +25,11 @@ analytic step: time is then in seconds, a decode step costs what was measured at
 the prompt tokens a request does not read from the prefix cache cost `prefill_time_per_token_s`
 in the next step, and every event handed to a chain (or, in a batch call, every completion)
 costs the host `host_time_per_event_s`.
+
+`resolve_in_batches`: a request's completion is computed at the next `advance`, with every other
+request submitted since, in one call of the model (not one call per request): for a model whose
+calls cost real time (a real engine replayed on a measured device). Figures are the same but for
+`max_live`, which counts a request once it is resolved.
 """
 
 from __future__ import annotations
@@ -54,6 +59,16 @@ class _Sequence:
     @property
     def remaining(self) -> int:
         return len(self.completion.token_ids) - self.generated
+
+
+@dataclass
+class _Unresolved:
+    """A request submitted in batch-resolving mode whose completion is not computed yet."""
+
+    request: ProposalRequest
+    priority: float
+    bounds: Sequence[RejectionBound]
+    wakes: set[int] = field(default_factory=set)
 
 
 @dataclass
@@ -87,6 +102,7 @@ class VirtualClockEngine:
         seconds_per_time_unit: float = 0.0,
         device: DeviceCurve | None = None,
         speculation_batch: float | None = None,
+        resolve_in_batches: bool = False,
     ) -> None:
         if not saturation > 0:
             raise ValueError(f"saturation must be positive (inf: a batch free at any size), got {saturation}")
@@ -112,29 +128,46 @@ class VirtualClockEngine:
         self._finished: list[EngineEvent] = []  # ended at submission (no tokens to generate)
         self._calls = 0
         self._submitted = CallAccounting()  # requests and prompt tokens (streaming makes no calls)
+        self.resolve_in_batches = resolve_in_batches
+        self._unresolved: dict[int, _Unresolved] = {}  # batch-resolving mode: submitted, not computed yet
 
     # --- streaming -------------------------------------------------------------------------
     def submit(self, request: ProposalRequest, priority: float = 0.0) -> int:
-        # the whole proposal, so that bounds set later can stop it anywhere (a prefix of it)
-        output = self.model.generate([replace(request, rejection_bounds=())])
-        full = output.completions[0]
-        self._submitted.num_requests += 1
+        handle = next(self._handles)
+        if self.resolve_in_batches:
+            self._unresolved[handle] = _Unresolved(request, priority, request.rejection_bounds)
+        else:
+            self._resolve({handle: _Unresolved(request, priority, request.rejection_bounds)})
+        return handle
+
+    def _resolve(self, pending: dict[int, _Unresolved]) -> None:
+        """Compute the completions of `pending` in one model call and place each request."""
+        if not pending:
+            return
+        # the whole proposals, so that bounds set later can stop them anywhere (a prefix of each)
+        output = self.model.generate([replace(p.request, rejection_bounds=()) for p in pending.values()])
+        self._submitted.num_requests += len(pending)
         self._submitted.prompt_tokens += output.accounting.prompt_tokens
         self._submitted.cached_prompt_tokens += output.accounting.cached_prompt_tokens
         self._prefill_tokens += output.accounting.prompt_tokens - output.accounting.cached_prompt_tokens
-        seq = _Sequence(next(self._handles), request, _stopped(full, request.rejection_bounds, 0), priority, full)
-        completion = seq.completion
-        if seq.remaining == 0:
-            self._finished.append(EngineEvent(seq.handle, 0, completion))
-        elif self.max_running is None or len(self._running) < self.max_running:
-            self._running[seq.handle] = seq
-        else:
-            heapq.heappush(self._waiting, (priority, next(self._order), seq))
-        self.clock.max_live = max(self.clock.max_live, len(self._running) + len(self._waiting))
-        return seq.handle
+        for (handle, p), full in zip(pending.items(), output.completions):
+            seq = _Sequence(handle, p.request, _stopped(full, p.bounds, 0), p.priority, full)
+            seq.wakes = {w for w in p.wakes if w < len(seq.completion.token_ids)}
+            if seq.remaining == 0:
+                self._finished.append(EngineEvent(seq.handle, 0, seq.completion))
+            elif self.max_running is None or len(self._running) < self.max_running:
+                self._running[seq.handle] = seq
+            else:
+                heapq.heappush(self._waiting, (p.priority, next(self._order), seq))
+            self.clock.max_live = max(self.clock.max_live, len(self._running) + len(self._waiting))
 
     def wake_at(self, handle: int, generated: int) -> None:
         """Report an event when `handle` has generated `generated` tokens (a fork point)."""
+        unresolved = self._unresolved.get(handle)
+        if unresolved is not None:
+            if generated > 0:
+                unresolved.wakes.add(generated)
+            return
         seq = self._find(handle)
         if seq is not None and seq.generated < generated < len(seq.completion.token_ids):
             seq.wakes.add(generated)
@@ -145,6 +178,9 @@ class VirtualClockEngine:
         return seq.completion.token_ids[: seq.generated] if seq is not None else ()
 
     def abort(self, handle: int) -> None:
+        if self._unresolved.pop(handle, None) is not None:
+            self.clock.aborted_requests += 1  # before it generated anything
+            return
         seq = self._running.pop(handle, None)
         if seq is None:
             waiting = [entry for entry in self._waiting if entry[2].handle == handle]
@@ -160,6 +196,10 @@ class VirtualClockEngine:
     def set_rejection_bounds(self, handle: int, bounds: Sequence[RejectionBound]) -> None:
         """Replace the bounds of a live request: it now stops once these reject its tokens, at once
         if they reject what it has generated already (unknown or ended handles are ignored)."""
+        unresolved = self._unresolved.get(handle)
+        if unresolved is not None:
+            unresolved.bounds = bounds
+            return
         seq = self._find(handle)
         if seq is None:
             return
@@ -194,14 +234,16 @@ class VirtualClockEngine:
 
     def live_handles(self) -> set[int]:
         """Requests running or waiting (aborted and finished ones are gone)."""
-        return set(self._running) | {entry[2].handle for entry in self._waiting}
+        return set(self._running) | {entry[2].handle for entry in self._waiting} | set(self._unresolved)
 
     @property
     def busy(self) -> bool:
-        return bool(self._running or self._waiting or self._finished)
+        return bool(self._running or self._waiting or self._finished or self._unresolved)
 
     def advance(self) -> list[EngineEvent]:
         """Run decode steps up to the next completion or wake point; the events that happened."""
+        pending, self._unresolved = self._unresolved, {}
+        self._resolve(pending)
         if self._finished:
             events, self._finished = self._finished, []
             return self._handed(events)
