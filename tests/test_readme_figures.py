@@ -23,6 +23,12 @@ def _row(results: str, **match: object) -> dict:
 
 
 STREAMING_8_ER = {"sampler": "power_mh", "schedule": "streaming", "budget": 8, "early_rejection": True}
+
+
+def DEFAULTS_AT(chains: int) -> dict:  # noqa: N802  (reads as a constant in the table below)
+    return {"chains": chains, "setting": "streaming + early rejection"}
+
+
 HEADLINES = [
     # (the README's words around the figure, the figure's group, results file, row, field)
     (r"streaming with it gives the serial chain's samples ([\d.]+)x faster than serial PowerMH without it",
@@ -32,6 +38,12 @@ HEADLINES = [
     (r"samples ([\d.]+)x faster than serial PowerMH at a budget of 8", "vllm_cpu_streaming.json",
      {"schedule": "streaming", "budget": 8}, "speedup_vs_serial"),
     (r"at a budget of 8 \(([\d.]+)x at 16\)", "vllm_cpu_streaming.json", {"schedule": "streaming", "budget": 16}, "speedup_vs_serial"),
+    (r"the defaults give serial chains' samples ([\d.]+)x faster at 1 chain", "local_load.json", DEFAULTS_AT(1), "speedup_vs_serial"),
+    (r"faster at 1 chain, ([\d.]+)x at 4,", "local_load.json", DEFAULTS_AT(4), "speedup_vs_serial"),
+    (r"x at 4, ([\d.]+)x at 16 and", "local_load.json", DEFAULTS_AT(16), "speedup_vs_serial"),
+    (r"x at 16 and ([\d.]+)x at 64, where", "local_load.json", DEFAULTS_AT(64), "speedup_vs_serial"),
+    (r"run at serial chains' speed there \(([\d.]+)x, the same tokens\)", "local_load.json",
+     {"chains": 64, "setting": "rounds"}, "speedup_vs_serial"),
 ]  # fmt: skip
 
 
@@ -47,3 +59,22 @@ def test_every_headline_file_records_same_samples():
     # a speedup is only a figure if the runs gave serial's samples
     for _, results, row, _ in HEADLINES:
         assert _row(results, **row)["same_as_serial"] is True, results
+
+
+def test_the_replay_predicts_every_measured_load_speedup_within_3_percent():
+    # the README's "predict all twenty speedups within 3%": the replay's rows against the wall-clock run's
+    def rows(name: str) -> dict:
+        report = json.loads((REPO / "bench" / "results" / name).read_text())
+        return {(r["chains"], r["setting"]): r for r in report["rows"]}
+
+    measured, predicted = rows("local_load.json"), rows("local_load_replayed.json")
+    assert "within 3% in an eighth of the time" in README and measured.keys() == predicted.keys()
+    compared = [key for key in measured if key[1] != "serial"]
+    assert len(compared) == 20
+    for key in compared:
+        error = predicted[key]["speedup_vs_serial"] / measured[key]["speedup_vs_serial"] - 1
+        assert abs(error) < 0.03, (key, error)
+        assert predicted[key]["same_as_serial"] is True and measured[key]["same_as_serial"] is True
+    walls = [json.loads((REPO / "bench" / "results" / name).read_text())["machine"]["bench_wall_time_s"]
+             for name in ("local_load.json", "local_load_replayed.json")]  # fmt: skip
+    assert walls[1] * 8 <= walls[0]  # "in an eighth of the time": each bench's own wall clock
