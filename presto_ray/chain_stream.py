@@ -23,7 +23,7 @@ from typing import Iterable, Protocol
 from presto_ray.chain import Chain, ProposalKey
 from presto_ray.early_rejection import RejectionBound
 from presto_ray.engines.base import Completion, ProposalRequest
-from presto_ray.plan_tree import PlanTree, ProposalKnowledge, RequestKey
+from presto_ray.plan_tree import PlanTree, RequestKey
 from presto_ray.proposal_book import ProposalBook
 from presto_ray.selection import reach_probabilities
 from presto_ray.speculation import speculation_threshold

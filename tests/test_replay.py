@@ -120,3 +120,10 @@ def test_a_bad_device_curve_exits_2_naming_the_field(tmp_path, capsys):
     code = main(["bench-real", "--config", TOY_YAML, "--chains", "1", "--device-curve", str(curve)])
     assert code == 2
     assert "--device-curve" in capsys.readouterr().err
+
+
+def test_the_device_curve_without_chains_exits_2_naming_it(tmp_path, capsys):
+    curve = tmp_path / "curve.json"
+    curve.write_text(CURVE.model_dump_json())
+    assert main(["bench-real", "--config", TOY_YAML, "--device-curve", str(curve)]) == 2
+    assert "--device-curve is the load bench's: give --chains too" in capsys.readouterr().err

@@ -148,6 +148,9 @@ def cmd_bench_real(args: argparse.Namespace) -> int:
             return fail(f"{flag}: expected {'0 or more' if flag == '--mh-steps' else 'at least 1'}, got {value}")
     if args.chain_counts is not None:
         return _bench_real_load(args)
+    for flag, value in (("--device-curve", args.replay_curve), ("--repeats", args.repeats)):
+        if value is not None:
+            return fail(f"{flag} is the load bench's: give --chains too")
     if args.config is not None:
         return _bench_real_from_config(args, budgets)
     from bench.real import VARIANT_RUNS, format_report, format_samples_check, run_real_bench
