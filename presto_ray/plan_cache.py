@@ -23,7 +23,6 @@ from presto_ray.plan_counts import _AS_EXPANDED, _UNDRESSED, _CachedNode, TreeCo
 from presto_ray.plan_tree import TokenRun, _Facts, PlanTree, PlanRules, RequestKey, ProposalKnowledge, StoppedEarly, MAX_PLAN_DEPTH
 
 
-_NO_KNOWLEDGE: dict = {}
 # the token count a dead node with a source waits for: none (only a source that starts, ends or
 # changes re-expands it, never one that grows)
 _NEVER_GROWN = 1 << 62
