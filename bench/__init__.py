@@ -14,6 +14,7 @@
   `service_watch`), `plots`: the virtual-clock tables, the early-rejection replay, the
   coordinator's rate, the HTTP load test and soak, the shared plot helper.
 - Their subcommands (bench, bench-real, bench-ray, bench-coordinator, load-test,
-  bench-early-rejection) are the command line's: presto_ray/cli/bench.py. Nothing here imports
-  the command line.
+  bench-early-rejection) are the command line's: presto_ray/cli/bench_toy.py, bench_real.py
+  (with bench_real_load.py, bench_real_engine.py), bench_ray.py, bench_early_rejection.py and
+  their shared bench_common.py. Nothing here imports the command line.
 """

@@ -10,7 +10,10 @@ the command line back (an import-linter contract).
     grade      grade (completions made anywhere, against a benchmark dataset: presto_ray/tasks/)
     model      model (the packaged SmolLM2)
     serve      serve (Ray Serve: deployments/serve_app.py)
-    bench      the benchmark commands (each imports its benchmark from bench/ when it runs)
+    bench_*    the benchmark commands, each importing its benchmark from bench/ when it runs:
+               bench_toy (bench), bench_real (bench-real; its load bench bench_real_load, its
+               --config engine bench_real_engine), bench_ray (bench-ray, bench-coordinator,
+               load-test), bench_early_rejection, and what they share, bench_common
 """
 
 from __future__ import annotations
@@ -18,7 +21,17 @@ from __future__ import annotations
 import argparse
 from typing import Callable
 
-from presto_ray.cli import check, grade, model, sample, serve
+from presto_ray.cli import (  # light: each benchmark command imports its benchmark when it runs
+    bench_early_rejection,
+    bench_ray,
+    bench_real,
+    bench_toy,
+    check,
+    grade,
+    model,
+    sample,
+    serve,
+)
 from presto_ray.cli.common import Subparsers
 
 # the subcommands in the order `presto-ray --help` lists them
@@ -26,9 +39,8 @@ ORDER = ("sample", "model", "bench", "bench-real", "serve", "validate", "eval", 
 
 
 def _registrars() -> dict[str, Callable[[Subparsers], None]]:
-    from presto_ray.cli import bench as bench_commands  # light: each command imports its benchmark when it runs
-
-    return {**sample.COMMANDS, **model.COMMANDS, **serve.COMMANDS, **check.COMMANDS, **grade.COMMANDS, **bench_commands.COMMANDS}
+    modules = (sample, model, serve, check, grade, bench_toy, bench_real, bench_ray, bench_early_rejection)
+    return {name: add for module in modules for name, add in module.COMMANDS.items()}
 
 
 def build_parser() -> argparse.ArgumentParser:
