@@ -51,6 +51,7 @@ COLUMNS: Columns = [
     ("chains", "chains", "{}"),
     ("generated_tokens", "tokens", "{}"),
     ("events", "events", "{}"),
+    ("fork_events", "fork points", "{}"),
     ("cpu_s", "CPU s", "{:.2f}"),
     ("engine_s", "engine CPU s", "{:.2f}"),
     ("host_ms_per_token", "host ms/token", "{:.4f}"),
@@ -62,11 +63,13 @@ COLUMNS: Columns = [
 
 
 class _Clock:
-    """CPU seconds spent inside engine calls, and the events a streaming engine delivered."""
+    """CPU seconds spent inside engine calls, and the events a streaming engine delivered (of
+    them, fork points: a running request reached tokens a chain waits for; the rest end requests)."""
 
     def __init__(self) -> None:
         self.engine_s = 0.0
         self.events = 0
+        self.fork_events = 0
 
     def _timed(self, call: Callable[..., Any], *args: Any) -> Any:
         started = time.process_time()
@@ -85,6 +88,7 @@ class _TimedStream:
     def advance(self) -> Any:
         events = self._clock._timed(self._stream.advance)
         self._clock.events += len(events)
+        self._clock.fork_events += sum(event.completion is None and event.error is None for event in events)
         return events
 
     def __getattr__(self, name: str) -> Any:
@@ -146,6 +150,7 @@ def _measure(num_chains: int, setting: tuple[str, str, str, bool], base: Sampler
         "generated_tokens": tokens,
         "transitions": sum(r.stats.transitions for r in results),
         "events": clock.events,
+        "fork_events": clock.fork_events,
         "cpu_s": cpu_s,
         "wall_s": wall_s,
         "engine_s": clock.engine_s,

@@ -32,6 +32,8 @@ def test_every_setting_runs_at_every_chain_count_with_consistent_figures(tmp_pat
     for r in rows:
         if r["setting"] == "serial" and r["chains"] == 1:
             assert r["events"] >= r["transitions"]
+        # fork points are streaming's alone: rounds and the serial chain wait for whole calls
+        assert 0 <= r["fork_events"] < r["events"] if r["schedule"] == "streaming" else r["fork_events"] == 0
     assert json.loads(out.read_text())["rows"] == json.loads(json.dumps(rows))
     assert "streaming + early rejection" in format_report(report)
 
