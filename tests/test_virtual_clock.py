@@ -66,6 +66,22 @@ def test_a_fork_point_reports_partial_tokens_that_are_final():
     assert engine.clock.decode_steps == 10  # waking cost no extra step
 
 
+def test_a_fork_point_asked_after_the_request_passed_it_fires_at_once():
+    """As vLLM's and the transformers engine's (base.StreamingEngine.wake_at): a chain asks for a
+    fork point knowing only the tokens of its last event, so the request may be past it already."""
+    engine = ToyEngine(vocab_size=8, eos_token_id=None).streaming()
+    handle, other = engine.submit(request(10)), engine.submit(request(6, seed=1))
+    engine.wake_at(other, 3)
+    assert [(e.handle, e.generated) for e in engine.advance()] == [(other, 3)]  # `handle` is at 3 too
+    steps = engine.clock.decode_steps
+    engine.wake_at(handle, 2)
+    assert [(e.handle, e.generated, e.completion) for e in engine.advance()] == [(handle, 3, None)]
+    assert engine.clock.decode_steps == steps  # at once: no step taken for it
+    engine.wake_at(handle, 10)  # its end: the completion tells it
+    engine.wake_at(other, 0)  # nothing to wait for
+    assert [e.handle for e in drain(engine) if e.completion is None] == []
+
+
 def test_virtual_clock_bench_writes_rows_json_and_plot(tmp_path):
     import json
 

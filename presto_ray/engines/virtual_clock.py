@@ -169,7 +169,11 @@ class VirtualClockEngine:
                 unresolved.wakes.add(generated)
             return
         seq = self._find(handle)
-        if seq is not None and seq.generated < generated < len(seq.completion.token_ids):
+        if seq is None:
+            return
+        if seq.generated >= generated > 0:  # it has them (asked by a chain that had not heard): at once
+            self._finished.append(EngineEvent(handle, seq.generated))
+        elif seq.generated < generated < len(seq.completion.token_ids):
             seq.wakes.add(generated)
 
     def partial_tokens(self, handle: int) -> tuple[int, ...]:
