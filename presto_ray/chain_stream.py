@@ -18,14 +18,14 @@ to be woken at. The plan is rebuilt only when something it depends on changed.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Protocol
+from typing import Iterable, Protocol, cast
 
 from presto_ray.chain import Chain, ProposalKey
 from presto_ray.early_rejection import RejectionBound
 from presto_ray.engines.base import Completion, ProposalRequest
 from presto_ray.plan_tree import PlanTree, RequestKey
 from presto_ray.proposal_book import ProposalBook
-from presto_ray.selection import reach_probabilities
+from presto_ray.selection import fork_points_worth_waking, reach_probabilities
 from presto_ray.speculation import speculation_threshold
 
 
@@ -170,12 +170,10 @@ class ChainStream(ProposalBook):
         probable ones, while fewer than `budget` requests run (default and cap: `prefetch_budget`).
         Predictive: a speculative request must add `speculation_threshold` expected completed
         transitions (or `min_expected_gain`, the larger)."""
-        config = self.chain.config
         budget = self._within_budget(budget)
         tree = self._plan()
         issued = {key[:2] for key in (*self._running, *self._completed)}
-        min_gain = max(config.min_expected_gain, speculation_threshold(config.prefetch_budget, config.speculation_gain))
-        keys = self.planner.select(tree, budget - len(self._running), issued, min_gain)
+        keys = self.planner.select(tree, budget - len(self._running), issued, self._min_gain())
         if not keys:
             return []
         reach = reach_probabilities(tree.root, issued | set(keys))
@@ -195,9 +193,19 @@ class ChainStream(ProposalBook):
         return starts
 
     def _wakes(self) -> tuple[tuple[ProposalKey, int], ...]:
-        """Running proposal -> the token count that unlocks a request deferred on it, each asked once."""
+        """Running proposal -> the token count that unlocks a request deferred on it, each asked once.
+        Predictive: only fork points whose request could pass the selection's minimum gain now
+        (most do not: each fork point is an event and a plan); one that becomes worth it later is
+        asked then, and an engine past it already answers at once (base.StreamingEngine.wake_at)."""
+        tree = self._plan()
+        fork_points = tree.fork_points
+        config = self.chain.config
+        min_reach = config.fork_wake_share * self._min_gain() if config.traversal == "predictive" else 0.0
+        if fork_points and min_reach > 0.0:
+            issued = {key[:2] for key in (*self._running, *self._completed)}
+            fork_points = cast(dict[RequestKey, int], fork_points_worth_waking(tree.root, issued, min_reach))
         wakes = []
-        for key, needed in self._plan().fork_points.items():
+        for key, needed in fork_points.items():
             stream_key = (*key, 0)
             if stream_key not in self._running:
                 continue
@@ -221,6 +229,11 @@ class ChainStream(ProposalBook):
         for key, bounds in updates:
             self._sent_bounds[key] = bounds
         return tuple(updates)
+
+    def _min_gain(self) -> float:
+        """Expected completed transitions a speculative request must add (predictive selection)."""
+        config = self.chain.config
+        return max(config.min_expected_gain, speculation_threshold(config.prefetch_budget, config.speculation_gain))
 
     # --- what the plan knows ----------------------------------------------------------------
     def _plan(self) -> PlanTree:

@@ -118,6 +118,13 @@ class SamplerConfig(BaseModel):
         "min(0.5, speculation_gain / prefetch_budget) expected completed transitions (fewer tokens "
         "wasted on requests aborted part-way); 0 spends the whole budget.",
     )
+    fork_wake_share: float = Field(
+        0.25, ge=0.0, le=1.0,
+        description="Streaming, predictive only: ask the engine for an event at a fork point (a running proposal "
+        "reaching the tokens a deferred step's request needs) only while the nodes it unlocks are reached with at "
+        "least this share of the gain a speculative request must add; each event is a plan on the host. 0: every "
+        "fork point (about 3x the events); 1: the selection's own bound (the fewest events, a slightly later schedule).",
+    )
 
     @model_validator(mode="after")
     def _check_horizon(self) -> "SamplerConfig":

@@ -311,7 +311,7 @@ class PlanCache(TreeCounts):
                     continue
                 key = expansion.key
                 if node.look != _AS_EXPANDED:
-                    node.key, node.free, node.pending = key, expansion.free, expansion.pending
+                    node.key, node.free, node.pending, node.waits_for = key, expansion.free, expansion.pending, expansion.fork
                     node.value = 0.0 if expansion.free else 1.0
                     node.cost = requests_per_step if key is not None and not node.event.is_extension else 1
                     node.children = node.branch_nodes

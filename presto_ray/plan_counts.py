@@ -19,6 +19,7 @@ class _CachedNode(PlanNode):
     def __init__(self, event: Event, facts: _Facts) -> None:
         # PlanNode's fields at their defaults, set here: its generated __init__ costs a call per node
         self.depth, self.key, self.free, self.pending, self.value, self.cost, self.children = 0, None, False, False, 1.0, 1, []
+        self.waits_for = None
         self.event = event
         self.facts = facts
         self.expansion: _Expansion | None = None
@@ -112,7 +113,7 @@ class TreeCounts:
         assert expansion is not None
         if node.look != _AS_EXPANDED:
             key = expansion.key
-            node.key, node.free, node.pending = key, expansion.free, expansion.pending
+            node.key, node.free, node.pending, node.waits_for = key, expansion.free, expansion.pending, expansion.fork
             node.value = 0.0 if expansion.free else 1.0
             node.cost = self._rules.requests_per_step if key is not None and not node.event.is_extension else 1  # type: ignore[union-attr]
             node.children = node.branch_nodes
@@ -165,7 +166,7 @@ class TreeCounts:
             return
         key = expansion.key
         if node.look != _AS_EXPANDED:
-            node.key, node.free, node.pending = key, expansion.free, expansion.pending
+            node.key, node.free, node.pending, node.waits_for = key, expansion.free, expansion.pending, expansion.fork
             node.value = 0.0 if expansion.free else 1.0
             node.cost = self._rules.requests_per_step if key is not None and not node.event.is_extension else 1  # type: ignore[union-attr]
             node.children = node.branch_nodes
@@ -227,6 +228,7 @@ def _depth_of(node: _CachedNode) -> int:
 def _dress_dead(node: _CachedNode) -> None:
     if node.look != _AS_DEAD:
         node.key, node.free, node.pending, node.value, node.cost, node.children = None, False, False, 1.0, 1, []
+        node.waits_for = None
         node.look = _AS_DEAD
 
 

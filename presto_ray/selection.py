@@ -39,6 +39,8 @@ class PlanNode:
     value: float = 1.0  # completed events this node counts for (free nodes count 0)
     cost: int = 1  # requests its key stands for (MultiTryMH: one per try)
     children: list[tuple["PlanNode", float]] = field(default_factory=list)
+    # pending: (the running request whose tokens it waits for, how many of them unlock it)
+    waits_for: tuple[Hashable, int] | None = None
 
     @property
     def passes_without_request(self) -> bool:
@@ -90,6 +92,28 @@ def reach_probabilities(root: PlanNode, keys: Iterable[Hashable]) -> dict[Hashab
                 reach[node.key] += mass
         _, alive = _propagate(alive, chosen)
     return {key: min(1.0, reach[key]) for key in chosen}
+
+
+def fork_points_worth_waking(root: PlanNode, issued: Iterable[Hashable], min_reach: float) -> dict[Hashable, int]:
+    """For each running request that pending nodes wait for, the fewest of its tokens that unlock
+    pending nodes the walk reaches with probability at least `min_reach` through `issued` requests
+    alone (summed per depth and fork point: the nodes that will need one request). That reach is
+    the mass the selection weighs such a request by once its prefix exists; below the selection's
+    minimum gain the request is no candidate (`select_max_expected`), so its fork point is not
+    worth an event now (presto_ray/chain_stream.py asks again at later steps, as reach grows)."""
+    chosen = set(issued)
+    worth: dict[Hashable, int] = {}
+    alive: dict[PlanNode, float] = {root: 1.0}
+    while alive:
+        waiting: dict[tuple[Hashable, int], float] = {}
+        for node, mass in alive.items():
+            if node.pending and node.waits_for is not None:
+                waiting[node.waits_for] = waiting.get(node.waits_for, 0.0) + mass
+        for (source, needed), mass in waiting.items():
+            if mass >= min_reach and needed < worth.get(source, needed + 1):
+                worth[source] = needed
+        _, alive = _propagate(alive, chosen)
+    return worth
 
 
 def select_breadth_first(root: PlanNode, budget: int, issued: Iterable[Hashable] = ()) -> list[Hashable]:

@@ -27,6 +27,7 @@ CONFIG_FIELDS = {
     "refit_every": st.sampled_from([1, 4, 32]),
     "min_expected_gain": st.sampled_from([0.0, 0.05, 0.3]),
     "speculation_gain": st.sampled_from([0.0, 3.2, 8.0]),
+    "fork_wake_share": st.sampled_from([0.0, 0.25, 1.0]),
     "sampler": st.sampled_from(["power_mh", "entropy_cut", "multi_try"]),
     "num_tries": st.integers(2, 4),
     "early_rejection": st.booleans(),

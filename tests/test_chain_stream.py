@@ -21,6 +21,7 @@ def _run_batched(engine, stream):
     while True:
         for key in actions.aborts:
             engine.abort(handles.pop(key))
+            asked = {(k, n) for k, n in asked if k != key}  # a key started again asks afresh
         if actions.done:
             return
         for start in actions.starts:

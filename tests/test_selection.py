@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from presto_ray.selection import PlanNode, expected_completed, select_breadth_first, select_max_expected
+from presto_ray.selection import PlanNode, expected_completed, fork_points_worth_waking, select_breadth_first, select_max_expected
 
 
 def random_tree(rng: random.Random, max_depth: int, keys_per_depth: int, costs: bool = False) -> PlanNode:
@@ -221,3 +221,50 @@ def test_a_search_leaves_no_cycle_for_the_collector():
         assert gc.collect() == 0
     finally:
         gc.enable()
+
+
+# --- which fork points are worth an event -------------------------------------------------------
+def _pending_reach_reference(root: PlanNode, issued: set) -> list[tuple[int, tuple, float]]:
+    """(depth, fork point, probability the walk reaches it through issued requests) per pending
+    node, summed per depth and fork point: every root-to-node path, evaluated independently."""
+    reach: dict[tuple[int, tuple], float] = {}
+
+    def visit(node: PlanNode, mass: float) -> None:
+        if node.pending:
+            at = (node.depth, node.waits_for)
+            reach[at] = reach.get(at, 0.0) + mass
+        elif node.free or (node.key is not None and node.key in issued):
+            pass
+        else:
+            return  # dead, or a request not issued: the walk stops here
+        for child, p in node.children:
+            visit(child, mass * p)
+
+    visit(root, 1.0)
+    return [(depth, fork, mass) for (depth, fork), mass in reach.items()]
+
+
+@pytest.mark.parametrize("trial", range(40))
+def test_fork_points_worth_waking_are_those_reached_often_enough(trial):
+    rng = random.Random(trial)
+    root = random_tree(rng, max_depth=6, keys_per_depth=2)
+    sources = [("a", ()), ("b", ())]
+
+    def mark(node: PlanNode) -> None:  # every pending node waits for one of two requests
+        if node.pending:
+            node.waits_for = (rng.choice(sources), rng.randrange(1, 3))  # few: nodes share fork points
+        for child, _ in node.children:
+            mark(child)
+
+    mark(root)
+    issued = {key for key in all_keys(root) if rng.random() < 0.7}
+    reach = _pending_reach_reference(root, issued)
+    for min_reach in (0.0, 0.05, 0.2, 0.6, *(0.999 * mass for _, _, mass in reach)):  # each bar just below a sum
+        expected: dict = {}
+        for _, (source, needed), mass in reach:
+            if mass >= min_reach - 1e-12:
+                expected[source] = min(needed, expected.get(source, needed))
+        worth = fork_points_worth_waking(root, issued, min_reach)
+        # a reach within rounding of the bar may land on either side of it
+        borderline = {source for _, (source, _), mass in reach if abs(mass - min_reach) < 1e-9}
+        assert {k: v for k, v in worth.items() if k not in borderline} == {k: v for k, v in expected.items() if k not in borderline}
