@@ -13,9 +13,10 @@ from identity_helpers import assert_same_walk, run_recorded
 TOY = dict(vocab_size=64, logit_scale=4.0, eos_bias=-3.0, seed=1)
 
 
-def _run_batched(engine, stream):
+def _run_batched(engine, stream, check_wakes=None):
     """The Ray driver's shape on the virtual clock: every batch of engine events goes to the chain
-    in one step. Checks that no fork point is asked for twice while its request runs."""
+    in one step. Checks that no fork point is asked for twice while its request runs;
+    `check_wakes(stream, wakes, asked)`, where given, checks each step's wakes against the plan."""
     handles, keys, asked = {}, {}, set()
     actions = stream.step()
     while True:
@@ -27,6 +28,8 @@ def _run_batched(engine, stream):
         for start in actions.starts:
             handles[start.key] = engine.submit(start.request, start.priority)
             keys[handles[start.key]] = start.key
+        if check_wakes is not None:
+            check_wakes(stream, actions.wakes, asked)
         for key, needed in actions.wakes:
             assert (key, needed) not in asked and stream.is_running(key)
             asked.add((key, needed))
@@ -61,6 +64,25 @@ def test_batched_events_walk_the_serial_chain(fixed_length, sampler):
     assert stream.running_requests == 0 and not engine.busy
     if sampler == "power_mh":
         assert chain.stats.forked_requests > 0 and chain.stats.aborted_requests > 0  # the step forks and aborts here
+
+
+def test_share_0_asks_for_every_fork_point_of_the_plan():
+    """fork_wake_share 0 (the schedule before the share): at every step, every fork point of a
+    running request that the plan has and the chain has not asked for yet (tests/test_streaming.py:
+    a higher share asks for fewer, with the same walk)."""
+    toy = ToyEngine(**TOY)
+    config = SamplerConfig(block_size=48, mh_steps=24, prefetch_budget=12, seed=3, schedule="streaming", fork_wake_share=0.0)
+    stream = ChainStream(Chain([5, 6, 7], config, toy.eos_token_id))
+    steps = []
+
+    def check_wakes(stream, wakes, asked):
+        tree = stream._plan()
+        expected = {((*k, 0), n) for k, n in tree.fork_points.items() if stream.is_running((*k, 0))} - asked
+        assert set(wakes) == expected
+        steps.append(len(wakes))
+
+    _run_batched(toy.streaming(), stream, check_wakes)
+    assert sum(steps) > 0
 
 
 def test_an_error_event_raises_and_a_stale_event_is_ignored():

@@ -78,3 +78,29 @@ def test_the_replay_predicts_every_measured_load_speedup_within_3_percent():
     walls = [json.loads((REPO / "bench" / "results" / name).read_text())["machine"]["bench_wall_time_s"]
              for name in ("local_load.json", "local_load_replayed.json")]  # fmt: skip
     assert walls[1] * 8 <= walls[0]  # "in an eighth of the time": each bench's own wall clock
+
+
+def test_the_fork_wake_share_figures_in_streaming_md_are_the_measured_ones():
+    """docs/streaming.md's fifth pass: its host-time table and its vLLM runs, against the rows
+    bench/results/fork_wake_share.json recorded (every run the same samples)."""
+    doc = " ".join((REPO / "docs" / "streaming.md").read_text().split())
+    report = json.loads((REPO / "bench" / "results" / "fork_wake_share.json").read_text())
+    runs = report["host_time_share"]
+    assert len({row["digest"] for run in runs for row in run["rows"].values()}) == 1
+    for setting in ("streaming", "streaming + early rejection", "serial"):
+        side = {s: [run["rows"][setting] for run in runs if run["side"] == s] for s in ("base", "head")}
+        cpu = {s: " / ".join(f"{row['cpu_s']:.2f}" for row in rows) for s, rows in side.items()}
+        events = " / ".join(f"{side[s][0]['events']:,}" for s in ("base", "head"))
+        assert f"| {setting} | {events} | {cpu['base']} | {cpu['head']} |" in doc, setting
+        per_token = sorted(row["host_ms_per_token"] for row in side["head"])
+        if setting != "serial":
+            ratios = " / ".join(f"{b['cpu_s'] / h['cpu_s']:.2f}x" for b, h in zip(side["base"], side["head"]))
+            assert f"| {ratios} | {per_token[0]:.3f}-{per_token[-1]:.3f} |" in doc, setting
+    vllm = report["vllm_cpu_round_1"]["runs"] + report["vllm_cpu_round_2_64_chains"]["runs"]
+    assert len({run["samples"] for run in vllm if run["chains"] == 64}) == 1
+
+    def walls(chains: int, label: str, digits: int) -> str:
+        return " / ".join(f"{run['wall_s']:.{digits}f}" for run in vllm if run["chains"] == chains and run["run"] == label)
+
+    assert f"at 4 chains {walls(4, 'share 0', 2)} s against {walls(4, 'share 0.25', 2)} s" in doc
+    assert f"{walls(64, 'share 0', 1)} s against {walls(64, 'share 0.25', 1)} s" in doc

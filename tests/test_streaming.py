@@ -96,8 +96,9 @@ def test_forks_and_aborts_happen_and_aborted_requests_stop():
 
 
 def test_fork_wake_share_trades_events_for_nothing_but_the_schedule():
-    """A higher fork_wake_share asks for fewer fork points (each an event and a plan), the walk is
-    the serial chain's at every share, and 0 asks for every fork point the plan has."""
+    """A higher fork_wake_share asks for fewer fork points (each an event and a plan) and the walk
+    is the serial chain's at every share (share 0 asks for every fork point the plan has:
+    tests/test_chain_stream.py)."""
     toy = ToyEngine(vocab_size=64, logit_scale=4.0, eos_bias=-3.0, seed=1)
     base = SamplerConfig(block_size=48, mh_steps=24, prefetch_budget=12, seed=3, schedule="streaming")
     serial = run_recorded(toy, [5, 6, 7], base.model_copy(update={"traversal": "serial", "schedule": "rounds"}))
@@ -111,35 +112,6 @@ def test_fork_wake_share_trades_events_for_nothing_but_the_schedule():
             assert_same_walk(chain, serial)
         fork_events[share] = engine.wakes
     assert fork_events[0.0] > fork_events[0.25] > fork_events[1.0] > 0, fork_events
-    # share 0: at every step, every fork point of a running request (the plan's) is asked once
-    stream = ChainStream(Chain([5, 6, 7], base.model_copy(update={"fork_wake_share": 0.0}), toy.eos_token_id))
-    engine, handles, asked = toy.streaming(), {}, set()
-    actions = stream.step()
-    while not actions.done:
-        for key in actions.aborts:
-            engine.abort(handles.pop(key))
-            asked = {(k, n) for k, n in asked if k != key}
-        for start in actions.starts:
-            handles[start.key] = engine.submit(start.request, start.priority)
-        tree = stream._plan()
-        expected = {((*k, 0), n) for k, n in tree.fork_points.items() if stream.is_running((*k, 0))} - asked
-        assert set(actions.wakes) == expected
-        asked |= expected
-        for key, needed in actions.wakes:
-            engine.wake_at(handles[key], needed)
-        owners = {handle: key for key, handle in handles.items()}
-        events = []
-        for event in engine.advance():
-            key = owners.get(event.handle)
-            if key is None:
-                continue
-            if event.completion is not None:
-                del handles[key]
-                asked = {(k, n) for k, n in asked if k != key}
-                events.append(StreamEvent(key, completion=event.completion))
-            else:
-                events.append(StreamEvent(key, partial=engine.partial_tokens(event.handle)))
-        actions = stream.step(events)
 
 
 def test_sample_and_sample_many_stream_on_the_toy():
