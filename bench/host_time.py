@@ -40,6 +40,7 @@ PARTS: dict[tuple[str, str], str] = {
     ("planner.py", "tree"): "planning",
     ("planner.py", "select"): "selection",
     ("selection.py", "reach_probabilities"): "selection",
+    ("selection.py", "fork_points_worth_waking"): "fork points",
     ("planner.py", "bounds"): "bounds",
     ("planner.py", "observe"): "predictor",
     ("chain.py", "walk"): "walk",
@@ -187,6 +188,10 @@ def run_host_time_bench(
     progress: Callable[[str], None] | None = None,
 ) -> dict:
     """Every setting at every chain count, serial first; `profile`: each one's parts too."""
+    # untimed: the predictor's first refit imports scikit-learn (~1 s of CPU), which would land on
+    # the first predictive row (rounds at the first chain count)
+    from sklearn.linear_model import LogisticRegression  # noqa: F401
+
     rows = []
     for num_chains in chain_counts:
         serial_tokens: list[tuple[int, ...]] | None = None
