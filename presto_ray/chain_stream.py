@@ -172,7 +172,7 @@ class ChainStream(ProposalBook):
         transitions (or `min_expected_gain`, the larger)."""
         budget = self._within_budget(budget)
         tree = self._plan()
-        issued = {key[:2] for key in (*self._running, *self._completed)}
+        issued = self._issued()
         keys = self.planner.select(tree, budget - len(self._running), issued, self._min_gain())
         if not keys:
             return []
@@ -202,7 +202,7 @@ class ChainStream(ProposalBook):
         config = self.chain.config
         min_reach = config.fork_wake_share * self._min_gain() if config.traversal == "predictive" else 0.0
         if fork_points and min_reach > 0.0:
-            issued = {key[:2] for key in (*self._running, *self._completed)}
+            issued = self._issued()
             fork_points = cast(dict[RequestKey, int], fork_points_worth_waking(tree.root, issued, min_reach))
         wakes = []
         for key, needed in fork_points.items():
@@ -229,6 +229,10 @@ class ChainStream(ProposalBook):
         for key, bounds in updates:
             self._sent_bounds[key] = bounds
         return tuple(updates)
+
+    def _issued(self) -> set[RequestKey]:
+        """Requests running or finished and not consumed: the plan counts them as issued."""
+        return {key[:2] for key in (*self._running, *self._completed)}
 
     def _min_gain(self) -> float:
         """Expected completed transitions a speculative request must add (predictive selection)."""

@@ -199,26 +199,26 @@ class PlanCache(TreeCounts):
         event = node.event
         expansion = rules.expand(event, node.facts, event.index >= last_event, at_root, self._proposal, self._stopped)
         node.expansion, node.stale, node.read_root, node.look = expansion, False, at_root, _UNDRESSED
-        if node.waits_on is not None:
+        if node.registered_with is not None:
             # no longer waiting as it did: a fork that got its tokens must not be re-expanded at
             # every later token of its source (its request's prefix is fixed now)
-            waiting = self._source_readers.get(node.waits_on)
+            waiting = self._source_readers.get(node.registered_with)
             if waiting is not None:
                 waiting.pop(node, None)
-            node.waits_on = None
+            node.registered_with = None
         if expansion is None:
             node.branch_nodes = []
             source = node.facts.source
             if source is not None:  # dead until its source runs, maybe: it reads the source's knowledge
                 self._source_readers.setdefault(source, {})[node] = _NEVER_GROWN
-                node.waits_on = source
+                node.registered_with = source
             return
         if expansion.key is not None:
             self._readers.setdefault(expansion.key, set()).add(node)
         elif expansion.pending:
             source, needed = expansion.fork  # type: ignore[misc]
             self._source_readers.setdefault(source, {})[node] = needed
-            node.waits_on = source
+            node.registered_with = source
         below = self._nodes.get(event.index + 1)
         branch_nodes: list[tuple[PlanNode, float]] = []
         for child, p in expansion.branches:

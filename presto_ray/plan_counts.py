@@ -14,7 +14,7 @@ _UNDRESSED, _AS_EXPANDED, _AS_DEAD = 0, 1, 2  # how a node is dressed for the tr
 class _CachedNode(PlanNode):
     """A plan node the cache keeps across trees, with what made it."""
 
-    __slots__ = ("event", "facts", "expansion", "branch_nodes", "stale", "read_root", "look", "root_of", "at_root", "walk", "parents", "waits_on")
+    __slots__ = ("event", "facts", "expansion", "branch_nodes", "stale", "read_root", "look", "root_of", "at_root", "walk", "parents", "registered_with")
 
     def __init__(self, event: Event, facts: _Facts) -> None:
         # PlanNode's fields at their defaults, set here: its generated __init__ costs a call per node
@@ -31,7 +31,7 @@ class _CachedNode(PlanNode):
         self.at_root = False  # its facts are that root's
         self.walk = -1  # the walk whose `parents` count is valid
         self.parents = 0  # branches of that walk's tree that lead to this node (0: not in it)
-        self.waits_on: RequestKey | None = None  # the source whose readers it is registered among
+        self.registered_with: RequestKey | None = None  # the source in whose `_source_readers` it is (pending or dead)
 
 
 def _bump(counts: dict, key: object, sign: int) -> None:
