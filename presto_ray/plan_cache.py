@@ -8,7 +8,7 @@ knowledge of one request, or moves the root one step down the tree. A node is a 
 the cache keeps one node object per (event, facts) across trees, re-expands only the nodes whose
 request's knowledge changed since they were expanded, and a tree is a walk over the kept nodes
 from the root, level by level, that dresses each node as this tree sees it (levels past the
-keyed-depth limit are dead). The trees are exactly the ones a build from nothing gives:
+keyed-depth limit, and nodes the walk reaches with less than `min_reach`, are dead). The trees are exactly the ones a build from nothing gives:
 tests/test_plan_cache.py compares them node for node at every event. The nodes, and the last tree
 kept as counts and updated in place: presto_ray/plan_counts.py.
 """
@@ -18,8 +18,7 @@ from __future__ import annotations
 from typing import Callable, Iterable
 
 from presto_ray.schedule import Event, Schedule
-from presto_ray.selection import PlanNode
-from presto_ray.plan_counts import _AS_EXPANDED, _UNDRESSED, _CachedNode, TreeCounts, _dress_dead
+from presto_ray.plan_counts import _AS_EXPANDED, _UNDRESSED, MASS_SCALE, _CachedNode, TreeCounts, _dress_dead, _share
 from presto_ray.plan_tree import TokenRun, _Facts, PlanTree, PlanRules, RequestKey, ProposalKnowledge, StoppedEarly, MAX_PLAN_DEPTH
 
 
@@ -42,12 +41,15 @@ class PlanCache(TreeCounts):
     the walk has passed are dropped as it moves.
 
     The last tree is kept as counts: how many of its branches lead to each node (a node is in it
-    while some do), its nodes per depth, and how many of its nodes need each key, are forks, are
-    in the root's state, wait for each fork point. A tree from the same root is that tree updated
-    where knowledge changed: a re-expanded node's new children are counted in (a node that enters
-    is expanded and dressed, and counts its own children in), its old ones out (a node no branch
-    leads to leaves, and counts its children out). The keyed-depth limit is global: an update
-    that would move it walks the whole tree again instead."""
+    while some do) and the probability the walk reaches it (its mass, an exact integer), its nodes
+    per depth, and how many of its nodes need each key, are forks, are in the root's state, wait
+    for each fork point. A node reached with less than `min_reach` is not expanded (the walk will
+    almost never pass it; 37% of the toy job's nodes were below 0.01). A tree from the same root
+    is that tree updated where knowledge changed, depth by depth (`TreeCounts._update`): a
+    re-expanded node's new children are counted in with their masses, its old ones out; a node
+    whose mass changed passes the change to its children; a node that enters is expanded, one no
+    branch leads to leaves; and where the keyed-depth limit moves, the depth past it is settled
+    again. A new root walks the whole tree."""
 
     def __init__(self) -> None:
         self._version: tuple[int, object, int] | None = None
@@ -66,9 +68,11 @@ class PlanCache(TreeCounts):
         self._newly_stale: list[_CachedNode] = []
         # the last tree, as counts (see the class's docstring); `_walk` stamps the nodes' counts
         self._walk = 0
-        self._walked: tuple[object, ...] | None = None  # (root, rules, max_keyed_depth, max_depth) of the last tree
+        self._walked: tuple[object, ...] | None = None  # (root, rules, max_keyed_depth, max_depth, min_mass) of the last tree
         self._last_depth = -1  # the deepest depth whose nodes are expanded; the next one's are dead
+        self._min_mass = 0
         self._level_nodes: list[int] = []
+        self._members: list[dict[_CachedNode, None]] = []
         self._level_keyed: list[int] = []
         self._key_nodes: dict[RequestKey, int] = {}
         self._fork_nodes: dict[RequestKey, int] = {}
@@ -220,7 +224,7 @@ class PlanCache(TreeCounts):
             self._source_readers.setdefault(source, {})[node] = needed
             node.registered_with = source
         below = self._nodes.get(event.index + 1)
-        branch_nodes: list[tuple[PlanNode, float]] = []
+        branch_nodes: list[tuple[_CachedNode, float]] = []
         for child, p in expansion.branches:
             found = below.get(child) if below is not None else None
             branch_nodes.append((found if found is not None else self._node(event.index + 1, child, rules.schedule), p))
@@ -239,11 +243,13 @@ class PlanCache(TreeCounts):
         proposal: ProposalKnowledge | None = None,
         stopped_early: StoppedEarly | None = None,
         changed: Iterable[RequestKey] | None = None,
+        min_reach: float = 0.0,
     ) -> PlanTree:
         """The DAG of future events from the realized state `tokens` at event `event_index`
         (see `build_plan_tree`). `version` must change whenever `rules`' branch law does, and
         `depends_on` be another object whenever its cut law does. `changed`: the requests whose
         `proposal` entry may differ from the last tree's (None: any may)."""
+        min_mass = int(min_reach * MASS_SCALE)
         schedule = rules.schedule
         max_depth = min(MAX_PLAN_DEPTH, schedule.num_events - event_index)
         last_event = event_index + max_depth - 1
@@ -252,12 +258,14 @@ class PlanCache(TreeCounts):
         if tokens is not self._root_tokens[0]:
             self._root_tokens = (tokens, TokenRun(tuple(tokens)))
         root = self._node(event_index, _Facts(self._root_tokens[1], len(tokens), True), schedule)
-        shape = (root, rules, max_keyed_depth, max_depth)
+        shape = (root, rules, max_keyed_depth, max_depth, min_mass)
         walked, self._walked = self._walked, shape
         stale, self._newly_stale = self._newly_stale, []
-        self._rules, self._last_event = rules, last_event
-        if afresh or walked != shape or not self._update(stale, max_keyed_depth, max_depth):
+        self._rules, self._last_event, self._min_mass = rules, last_event, min_mass
+        if afresh or walked != shape:
             self._walk_all(root, rules, last_event, max_keyed_depth, max_depth)
+        else:
+            self._update(stale, max_keyed_depth, max_depth)
         nodes = sum(self._level_nodes)
         self._last_tree_nodes = nodes
         fork_points = self._fork_points
@@ -280,14 +288,16 @@ class PlanCache(TreeCounts):
         root_facts = root.facts
         self._root_facts = root_facts
         root_known = root_facts.known
+        min_mass = self._min_mass
         key_nodes: dict[RequestKey, int] = {}
         fork_nodes: dict[RequestKey, int] = {}
         root_state_nodes: dict[RequestKey, int] = {}
         fork_needs: dict[RequestKey, dict[int, int]] = {}
         level_nodes = [0] * (max_depth + 2)
         level_keyed = [0] * (max_depth + 2)
+        members: list[dict[_CachedNode, None]] = [{} for _ in range(max_depth + 2)]
         requests_per_step = rules.requests_per_step
-        root.walk, root.parents = walk, 1
+        root.walk, root.parents, root.mass = walk, 1, MASS_SCALE
         level: list[_CachedNode] = [root]
         keyed_depths = 0
         free_nodes = 0
@@ -296,8 +306,13 @@ class PlanCache(TreeCounts):
             following: list[_CachedNode] = []
             keyed = 0
             level_nodes[depth] = len(level)
+            members[depth] = dict.fromkeys(level)
             for node in level:
-                node.depth = depth
+                node.depth, node.in_level, node.counted, node.contributes = depth, True, None, None
+                mass = node.mass
+                if mass < min_mass:  # too improbable to plan below
+                    _dress_dead(node)
+                    continue
                 facts = node.facts
                 if node.root_of is not root_facts:  # compared once per root
                     node.root_of = root_facts
@@ -309,12 +324,13 @@ class PlanCache(TreeCounts):
                 if expansion is None:
                     _dress_dead(node)
                     continue
+                node.counted = expansion
                 key = expansion.key
                 if node.look != _AS_EXPANDED:
                     node.key, node.free, node.pending, node.waits_for = key, expansion.free, expansion.pending, expansion.fork
                     node.value = 0.0 if expansion.free else 1.0
                     node.cost = requests_per_step if key is not None and not node.event.is_extension else 1
-                    node.children = node.branch_nodes
+                    node.children = node.branch_nodes  # type: ignore[assignment]
                     node.look = _AS_EXPANDED
                 if expansion.free:
                     free_nodes += 1
@@ -331,22 +347,26 @@ class PlanCache(TreeCounts):
                     if at_root:
                         root_state_nodes[key] = root_state_nodes.get(key, 0) + 1
                     keyed += 1
-                for child, _ in node.branch_nodes:
-                    if child.walk != walk:  # type: ignore[attr-defined]
-                        child.walk, child.parents = walk, 1  # type: ignore[attr-defined]
-                        following.append(child)  # type: ignore[arg-type]
+                branches = node.branch_nodes
+                for child, p in branches:
+                    if child.walk != walk:
+                        child.walk, child.parents, child.mass = walk, 1, _share(mass, p)
+                        following.append(child)
                     else:
-                        child.parents += 1  # type: ignore[attr-defined]
+                        child.parents += 1
+                        child.mass += _share(mass, p)
+                node.contributes = (mass, branches)
             level_keyed[depth] = keyed
             keyed_depths += keyed > 0
             level = following
             depth += 1
         self._last_depth = depth - 1
         level_nodes[depth] = len(level)
+        members[depth] = dict.fromkeys(level)
         for node in level:  # past the keyed-depth limit: dead in this tree
-            node.depth = depth
+            node.depth, node.in_level, node.counted, node.contributes = depth, True, None, None
             _dress_dead(node)
-        self._level_nodes, self._level_keyed = level_nodes, level_keyed
+        self._level_nodes, self._level_keyed, self._members = level_nodes, level_keyed, members
         self._key_nodes, self._fork_nodes, self._root_state_nodes, self._fork_needs = key_nodes, fork_nodes, root_state_nodes, fork_needs
         self._fork_points = None
         self._free_nodes = free_nodes
@@ -366,14 +386,17 @@ def build_plan_tree(
     requests_per_step: int = 1,
     proposal: ProposalKnowledge | None = None,
     stopped_early: StoppedEarly | None = None,
+    min_reach: float = 0.0,
 ) -> PlanTree:
     """The DAG of future events from the realized state `tokens` at event `event_index`, built
-    from nothing (a `PlanCache` gives the same trees, reusing their nodes).
+    from nothing (a `PlanCache` gives the same trees, reusing their nodes). A node the walk
+    reaches with probability below `min_reach` is not expanded (dead).
 
     `proposal[key]` tells what is known of a request's proposal (streaming); without it nothing
     below an accept edge is.
     """
     rules = PlanRules(schedule, fixed_length, stop_at_eos, eos_token_id, cut_for, accept_branch_probability, requests_per_step)
     return PlanCache().tree(
-        tokens, event_index, rules, version=0, max_keyed_depth=max_keyed_depth, proposal=proposal, stopped_early=stopped_early
+        tokens, event_index, rules, version=0, max_keyed_depth=max_keyed_depth, proposal=proposal, stopped_early=stopped_early,
+        min_reach=min_reach,
     )

@@ -1,8 +1,10 @@
-"""The last plan tree of a `PlanCache` (presto_ray/plan_cache.py) kept as counts, and updated
-where knowledge changed: the cache's nodes, and the part of the cache that counts re-expanded
-nodes' new children in and their old ones out (see `PlanCache`'s docstring)."""
+"""The last plan tree of a `PlanCache` (presto_ray/plan_cache.py) kept as counts and masses, and
+updated where knowledge changed: the cache's nodes, and the part of the cache that settles, depth
+by depth, the nodes whose branches, mass or membership changed (see `PlanCache`'s docstring)."""
 
 from __future__ import annotations
+
+from typing import cast
 
 from presto_ray.plan_tree import _Expansion, _Facts, PlanRules, RequestKey
 from presto_ray.schedule import Event
@@ -14,7 +16,10 @@ _UNDRESSED, _AS_EXPANDED, _AS_DEAD = 0, 1, 2  # how a node is dressed for the tr
 class _CachedNode(PlanNode):
     """A plan node the cache keeps across trees, with what made it."""
 
-    __slots__ = ("event", "facts", "expansion", "branch_nodes", "stale", "read_root", "look", "root_of", "at_root", "walk", "parents", "registered_with")
+    __slots__ = (
+        "event", "facts", "expansion", "branch_nodes", "stale", "read_root", "look", "root_of", "at_root", "walk", "parents",
+        "registered_with", "mass", "in_level", "counted", "contributes",
+    )  # fmt: skip
 
     def __init__(self, event: Event, facts: _Facts) -> None:
         # PlanNode's fields at their defaults, set here: its generated __init__ costs a call per node
@@ -23,15 +28,30 @@ class _CachedNode(PlanNode):
         self.event = event
         self.facts = facts
         self.expansion: _Expansion | None = None
-        self.branch_nodes: list[tuple[PlanNode, float]] = []
+        self.branch_nodes: list[tuple[_CachedNode, float]] = []
         self.stale = True  # not expanded with the current knowledge
         self.read_root = False  # expanded as a node in the root's state
         self.look = _UNDRESSED
         self.root_of: _Facts | None = None  # the root `at_root` was found for
         self.at_root = False  # its facts are that root's
-        self.walk = -1  # the walk whose `parents` count is valid
-        self.parents = 0  # branches of that walk's tree that lead to this node (0: not in it)
+        # the rest is valid while `walk` is the cache's: the tree as that walk and the updates since see it
+        self.walk = -1
+        self.parents = 0  # branches of the tree that lead to this node (0: not in it)
+        self.mass = 0  # the probability the walk reaches it, in MASS_SCALE units (sum over its branches)
+        self.in_level = False  # counted in its depth's nodes
+        self.counted: _Expansion | None = None  # the expansion the tree's counts hold for it
+        self.contributes: tuple[int, list[tuple[_CachedNode, float]]] | None = None  # (its mass, its branches): what its children hold from it
         self.registered_with: RequestKey | None = None  # the source in whose `_source_readers` it is (pending or dead)
+
+
+# Masses are integers in these units, each branch's share truncated (`_share`): integer sums do not
+# depend on their order, so a tree updated in place has exactly the masses of the tree built from
+# nothing, and the same nodes fall below `min_reach`.
+MASS_SCALE = 1 << 40
+
+
+def _share(mass: int, p: float) -> int:
+    return int(mass * p)
 
 
 def _bump(counts: dict, key: object, sign: int) -> None:
@@ -43,14 +63,16 @@ def _bump(counts: dict, key: object, sign: int) -> None:
 
 
 class TreeCounts:
-    """The last tree as counts (`PlanCache`'s base): how many of its branches lead to each node,
-    its nodes per depth, and how many of its nodes need each key, are forks, are in the root's
-    state, wait for each fork point."""
+    """The last tree as counts (`PlanCache`'s base): how many of its branches lead to each node and
+    with what mass, its nodes per depth, and how many of its nodes need each key, are forks, are in
+    the root's state, wait for each fork point."""
 
     _walk: int
     _last_depth: int
+    _min_mass: int  # nodes the walk reaches with less mass are not expanded (MASS_SCALE units)
     _level_nodes: list[int]
     _level_keyed: list[int]
+    _members: list[dict[_CachedNode, None]]  # the tree's nodes at each depth
     _key_nodes: dict[RequestKey, int]
     _fork_nodes: dict[RequestKey, int]
     _root_state_nodes: dict[RequestKey, int]
@@ -64,30 +86,48 @@ class TreeCounts:
     def _expand(self, node: _CachedNode, rules: PlanRules, last_event: int, at_root: bool) -> None:
         raise NotImplementedError  # the cache's
 
-    def _update(self, stale: list[_CachedNode], max_keyed_depth: int, max_depth: int) -> bool:
-        """Bring the last tree's counts up to date with the stale nodes re-expanded; False when
-        the keyed-depth limit moved (the caller walks the whole tree)."""
+    def _update(self, stale: list[_CachedNode], max_keyed_depth: int, max_depth: int) -> None:
+        """Bring the last tree up to date with the stale nodes re-expanded.
+
+        A sweep by depth: a node whose branches or mass changed is settled once, after every node
+        above it (edges go one depth down), and marks the children whose branches or mass it
+        changed; the sweep stops where nothing changes. Then the keyed-depth limit is found again
+        as a whole walk finds it; where it moved, the depth just past the shallower of the two
+        limits is settled again (its nodes planned, or dead past the limit), until it stays."""
         walk = self._walk
         last_depth = self._last_depth
-        in_tree = [node for node in stale if node.walk == walk and node.parents > 0 and node.depth <= last_depth]
-        if in_tree:
-            in_tree.sort(key=_depth_of)
-            for node in in_tree:
-                if node.stale and node.parents > 0:  # not left, nor re-entered, since
-                    self._reexpand(node)
-        # where the limit now falls: the walk processes a depth while fewer than max_keyed_depth
-        # depths above it have keys
+        dirty: dict[int, dict[_CachedNode, None]] = {}
+        for node in stale:
+            if node.walk == walk and node.parents > 0 and node.depth <= last_depth:
+                level = dirty.get(node.depth)
+                if level is None:
+                    level = dirty[node.depth] = {}
+                level[node] = None
+        settle = self._settle
         level_nodes, level_keyed = self._level_nodes, self._level_keyed
-        keyed_depths, depth = 0, 0
-        while depth < max_depth and level_nodes[depth] and keyed_depths < max_keyed_depth:
-            keyed_depths += level_keyed[depth] > 0
-            depth += 1
-        return depth - 1 == last_depth
+        while True:
+            while dirty:
+                depth = min(dirty)
+                below = dirty.get(depth + 1)
+                if below is None:
+                    below = dirty[depth + 1] = {}
+                for node in dirty.pop(depth):
+                    settle(node, below)
+                if not below:
+                    del dirty[depth + 1]
+            # the limit: a depth is planned while fewer than max_keyed_depth depths above it have keys
+            keyed_depths, depth = 0, 0
+            while depth < max_depth and level_nodes[depth] and keyed_depths < max_keyed_depth:
+                keyed_depths += level_keyed[depth] > 0
+                depth += 1
+            if depth - 1 == self._last_depth:
+                return
+            changed = min(depth - 1, self._last_depth) + 1
+            self._last_depth = depth - 1
+            dirty = {changed: dict.fromkeys(self._members[changed])}
 
-    def _count(self, node: _CachedNode, sign: int) -> None:
+    def _count(self, node: _CachedNode, expansion: _Expansion, sign: int) -> None:
         """Count an expanded node of the tree in (+1) or out (-1)."""
-        expansion = node.expansion
-        assert expansion is not None
         if expansion.free:
             self._free_nodes += sign
         if expansion.pending:
@@ -108,72 +148,82 @@ class TreeCounts:
             if node.at_root:
                 _bump(self._root_state_nodes, key, sign)
 
-    def _dress(self, node: _CachedNode) -> None:
-        expansion = node.expansion
-        assert expansion is not None
-        if node.look != _AS_EXPANDED:
-            key = expansion.key
-            node.key, node.free, node.pending, node.waits_for = key, expansion.free, expansion.pending, expansion.fork
-            node.value = 0.0 if expansion.free else 1.0
-            node.cost = self._rules.requests_per_step if key is not None and not node.event.is_extension else 1  # type: ignore[union-attr]
-            node.children = node.branch_nodes
-            node.look = _AS_EXPANDED
-
-    def _reexpand(self, node: _CachedNode) -> None:
-        old = node.branch_nodes if node.expansion is not None else []
-        if node.expansion is not None:
-            self._count(node, -1)
-        self._expand(node, self._rules, self._last_event, node.at_root)  # type: ignore[arg-type]
-        if node.expansion is None:
-            _dress_dead(node)
-        else:
-            self._dress(node)
-            self._count(node, 1)
-            enter = self._enter
-            depth = node.depth + 1
-            for child, _ in node.branch_nodes:
-                enter(child, depth)  # type: ignore[arg-type]
-        leave = self._leave
-        for child, _ in old:
-            leave(child)  # type: ignore[arg-type]
-
-    # `_enter` and `_leave` run for every node an update moves in or out of the tree (hundreds
-    # per event): `_count` and `_dress` are inlined there, the common case (a keyed node that is
-    # neither free nor pending) first; the same operations as theirs.
-    def _enter(self, node: _CachedNode, depth: int) -> None:
-        """One more branch of the tree leads to `node`."""
-        if node.walk != self._walk:
-            node.walk, node.parents = self._walk, 1
-        else:
-            node.parents += 1
-            if node.parents > 1:
+    def _settle(self, node: _CachedNode, below: dict[_CachedNode, None]) -> None:
+        """Bring one node of the sweep's depth up to date (its membership, mass, expansion and
+        counts) and its children's branches from it; `below`: the next depth's nodes to settle."""
+        in_tree = node.parents > 0
+        depth = node.depth
+        if in_tree != node.in_level:
+            node.in_level = in_tree
+            if in_tree:
+                self._level_nodes[depth] += 1
+                self._members[depth][node] = None
+            else:
+                self._level_nodes[depth] -= 1
+                del self._members[depth][node]
+        mass = node.mass
+        live = in_tree and depth <= self._last_depth and mass >= self._min_mass
+        if live:
+            root_facts = self._root_facts
+            if node.root_of is not root_facts:
+                node.root_of = root_facts
+                facts = node.facts
+                node.at_root = facts is root_facts or (facts.whole_known and facts.known == root_facts.known)  # type: ignore[union-attr]
+            expand = node.stale or node.read_root is not node.at_root
+            old = node.contributes
+            if not expand and old is not None:  # the same branches and counts
+                old_mass, branches = old
+                if old_mass != mass:  # its children's masses move by their shares' difference
+                    for child, p in branches:
+                        moved = _share(mass, p) - _share(old_mass, p)
+                        if moved:
+                            child.mass += moved
+                            below[child] = None
+                    node.contributes = (mass, branches)
                 return
-        node.depth = depth
-        self._level_nodes[depth] += 1
-        if depth > self._last_depth:
+        else:
+            expand = False
+        counted = node.counted
+        if counted is not None:
+            node.counted = None
+            key = counted.key
+            if counted.free or counted.pending:
+                self._count(node, counted, -1)
+            else:  # keyed, the common case, inlined: `_count`'s operations
+                self._level_keyed[depth] -= 1
+                _drop(self._key_nodes, key)
+                if counted.is_fork:
+                    _drop(self._fork_nodes, key)
+                if node.at_root:
+                    _drop(self._root_state_nodes, key)
+        old = node.contributes
+        if old is not None:
+            node.contributes = None
+            old_mass, branches = old
+            for child, p in branches:
+                child.parents -= 1
+                child.mass -= int(old_mass * p)  # _share, inlined
+                below[child] = None
+        if not live:
             _dress_dead(node)
             return
-        root_facts = self._root_facts
-        if node.root_of is not root_facts:
-            node.root_of = root_facts
-            facts = node.facts
-            node.at_root = facts is root_facts or (facts.whole_known and facts.known == root_facts.known)  # type: ignore[union-attr]
-        if node.stale or node.read_root is not node.at_root:
+        if expand:
             self._expand(node, self._rules, self._last_event, node.at_root)  # type: ignore[arg-type]
         expansion = node.expansion
         if expansion is None:
             _dress_dead(node)
             return
-        key = expansion.key
         if node.look != _AS_EXPANDED:
+            key = expansion.key
             node.key, node.free, node.pending, node.waits_for = key, expansion.free, expansion.pending, expansion.fork
             node.value = 0.0 if expansion.free else 1.0
             node.cost = self._rules.requests_per_step if key is not None and not node.event.is_extension else 1  # type: ignore[union-attr]
-            node.children = node.branch_nodes
+            node.children = node.branch_nodes  # type: ignore[assignment]
             node.look = _AS_EXPANDED
         if expansion.free or expansion.pending:
-            self._count(node, 1)
-        elif key is not None:
+            self._count(node, expansion, 1)
+        else:  # keyed, the common case, inlined: `_count`'s operations
+            key = cast(RequestKey, expansion.key)
             self._level_keyed[depth] += 1
             counts = self._key_nodes
             counts[key] = counts.get(key, 0) + 1
@@ -183,34 +233,17 @@ class TreeCounts:
             if node.at_root:
                 counts = self._root_state_nodes
                 counts[key] = counts.get(key, 0) + 1
-        enter = self._enter
-        depth += 1
-        for child, _ in node.branch_nodes:
-            enter(child, depth)  # type: ignore[arg-type]
-
-    def _leave(self, node: _CachedNode) -> None:
-        """One branch fewer of the tree leads to `node`."""
-        node.parents -= 1
-        if node.parents:
-            return
-        depth = node.depth
-        self._level_nodes[depth] -= 1
-        expansion = node.expansion
-        if depth > self._last_depth or expansion is None:
-            return
-        key = expansion.key
-        if expansion.free or expansion.pending:
-            self._count(node, -1)
-        elif key is not None:
-            self._level_keyed[depth] -= 1
-            _drop(self._key_nodes, key)
-            if expansion.is_fork:
-                _drop(self._fork_nodes, key)
-            if node.at_root:
-                _drop(self._root_state_nodes, key)
-        leave = self._leave
-        for child, _ in node.branch_nodes:
-            leave(child)  # type: ignore[arg-type]
+        node.counted = expansion
+        walk = self._walk
+        branches = node.branch_nodes
+        for child, p in branches:
+            if child.walk != walk:  # first met since the last whole walk: not in the tree
+                child.walk, child.parents, child.mass, child.depth = walk, 0, 0, depth + 1
+                child.in_level, child.counted, child.contributes = False, None, None
+            child.parents += 1
+            child.mass += int(mass * p)  # _share, inlined
+            below[child] = None
+        node.contributes = (mass, branches)
 
 
 def _drop(counts: dict, key: object) -> None:
@@ -219,10 +252,6 @@ def _drop(counts: dict, key: object) -> None:
         counts[key] = count
     else:
         del counts[key]
-
-
-def _depth_of(node: _CachedNode) -> int:
-    return node.depth
 
 
 def _dress_dead(node: _CachedNode) -> None:

@@ -19,7 +19,7 @@ from presto_ray.config import SamplerConfig
 # every other field is compared, so a field added later is compared until it is named here
 NOT_LAW = frozenset({
     "prefetch_budget", "traversal", "schedule", "seed", "certainty_eps", "refit_predictor", "refit_every",
-    "predictor_prior_strength", "min_expected_gain", "early_rejection", "speculation_gain", "fork_wake_share",
+    "predictor_prior_strength", "min_expected_gain", "early_rejection", "speculation_gain", "fork_wake_share", "plan_min_reach",
 })  # fmt: skip
 
 

@@ -73,10 +73,21 @@ def _configs() -> list[tuple[str, SamplerConfig]]:
     return settings
 
 
+def _deep_plan_configs() -> list[tuple[str, SamplerConfig]]:
+    """Streaming at the default budget (16) on longer chains: plans deep and wide enough that
+    `plan_min_reach` leaves nodes out (at budget 8 above it changes no run)."""
+    settings = []
+    for early, fixed, min_reach in itertools.product((False, True), (False, True), (0.0, 0.01)):
+        name = f"deep/er={early}/fixed={fixed}/min_reach={min_reach}"
+        config = SamplerConfig(early_rejection=early, fixed_length=fixed, alpha=4.0, block_size=48, mh_steps=24, seed=3, plan_min_reach=min_reach)
+        settings.append((name, config))
+    return settings
+
+
 def one_chain_runs() -> dict[str, str]:
     """Each chain alone on the virtual clock (b = 0, unlimited batch)."""
     digests = {}
-    for name, config in _configs():
+    for name, config in _configs() + _deep_plan_configs():
         spec = ENGINES["fixed" if config.fixed_length else "eos"]
         for p, prompt in enumerate(PROMPTS):
             engine = spec.build().streaming()

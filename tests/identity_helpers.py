@@ -28,6 +28,7 @@ CONFIG_FIELDS = {
     "min_expected_gain": st.sampled_from([0.0, 0.05, 0.3]),
     "speculation_gain": st.sampled_from([0.0, 3.2, 8.0]),
     "fork_wake_share": st.sampled_from([0.0, 0.25, 1.0]),
+    "plan_min_reach": st.sampled_from([0.0, 0.003, 0.05]),
     "sampler": st.sampled_from(["power_mh", "entropy_cut", "multi_try"]),
     "num_tries": st.integers(2, 4),
     "early_rejection": st.booleans(),

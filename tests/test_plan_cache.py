@@ -11,7 +11,7 @@ from presto_ray.chain import Chain
 from presto_ray.driver import run_chain
 from presto_ray.engines.toy import ToyEngine
 from presto_ray.plan_cache import PlanCache, build_plan_tree
-from presto_ray.plan_tree import PlanTree
+from presto_ray.plan_tree import MAX_PLAN_DEPTH, PlanTree
 from presto_ray.planner import Planner
 from identity_helpers import CONFIG_FIELDS, engines
 
@@ -55,6 +55,7 @@ def checked_trees(monkeypatch):
             max_keyed_depth=1 if config.traversal == "serial" else config.prefetch_budget,
             requests_per_step=rules.requests_per_step,
             proposal=proposal if chain.kernel.num_tries == 1 else None, stopped_early=stopped_early,
+            min_reach=self._min_reach,
         )
         assert_same_tree(tree, reference)
         count[0] += 1
@@ -84,12 +85,13 @@ def test_every_incremental_tree_is_the_tree_from_nothing(checked_trees, config_k
 
 @pytest.mark.parametrize("fixed_length", [True, False])
 @pytest.mark.parametrize("early_rejection", [True, False])
-def test_a_long_streaming_chain_plans_incrementally_and_exactly(checked_trees, fixed_length, early_rejection):
+@pytest.mark.parametrize("min_reach", [0.0, 0.01])
+def test_a_long_streaming_chain_plans_incrementally_and_exactly(checked_trees, fixed_length, early_rejection, min_reach):
     """The toy job's shape (peaked model, 48-token blocks, budget 16): forks, fork points, stopped
-    proposals and refits all happen, and every tree matches."""
+    proposals and refits all happen, and every tree matches, whole or pruned."""
     engine = ToyEngine(vocab_size=64, eos_token_id=0, seed=1, logit_scale=4.0, eos_bias=-3.0)
     config = SamplerConfig(block_size=24, num_blocks=2, mh_steps=12, prefetch_budget=16, seed=5,
-                           fixed_length=fixed_length, early_rejection=early_rejection, refit_every=8)
+                           fixed_length=fixed_length, early_rejection=early_rejection, refit_every=8, plan_min_reach=min_reach)
     chain = Chain([5, 6, 7], config, engine.eos_token_id)
     run_chain(engine, chain)
     assert checked_trees[0] > 50
@@ -152,3 +154,57 @@ def test_knowledge_that_shrinks_or_comes_back_gives_the_trees_from_nothing(check
         if below:  # a request below the running one runs too, then goes
             planner.tree({**knowledge, below[0]: (tokens[:4], False)}, set())
     assert forks > 0 and checked_trees[0] >= 12
+
+
+def _reach(root):
+    """The probability the walk reaches each node of a tree (floats): a node passes its mass on
+    through its branches, a dead one passes nothing."""
+    mass = {root: 1.0}
+    level = [root]
+    while level:
+        following = {}
+        for node in level:
+            for child, p in node.children:
+                mass[child] = mass.get(child, 0.0) + mass[node] * p
+                following[child] = None
+        level = list(following)
+    return mass
+
+
+@pytest.mark.parametrize("min_reach", [0.01, 0.05])
+def test_a_pruned_plan_leaves_exactly_the_events_reached_below_min_reach(monkeypatch, min_reach):
+    """At every tree of a streaming chain, built from nothing with and without `min_reach` (no
+    keyed-depth limit, so pruning is the only difference): a node the pruned tree expands is
+    reached with at least min_reach in it, and is the whole tree's node; one it leaves dead that
+    the whole tree expands is reached with less."""
+    engine = ToyEngine(vocab_size=64, eos_token_id=0, seed=1, logit_scale=4.0, eos_bias=-3.0)
+    config = SamplerConfig(block_size=24, num_blocks=2, mh_steps=12, prefetch_budget=16, seed=5, plan_min_reach=min_reach)
+    counts = {"trees": 0, "pruned": 0, "expanded": 0}
+    incremental = Planner.tree
+
+    def checking(self, proposal=None, stopped_early=None, changed=None):
+        tree = incremental(self, proposal, stopped_early, changed)
+        chain, rules = self.chain, self._rules
+        common = dict(
+            fixed_length=rules.fixed_length, stop_at_eos=rules.stop_at_eos, eos_token_id=rules.eos_token_id,
+            cut_for=rules.cut_for, accept_branch_probability=rules.accept_branch_probability,
+            max_keyed_depth=MAX_PLAN_DEPTH, proposal=proposal, stopped_early=stopped_early,
+        )
+        pruned = build_plan_tree(chain.state.tokens, chain.event_index, chain.schedule, min_reach=min_reach, **common)
+        whole = build_plan_tree(chain.state.tokens, chain.event_index, chain.schedule, **common)
+        whole_nodes = {(node.event.index, node.facts): node for node in _reach(whole.root)}
+        for node, reach in _reach(pruned.root).items():
+            other = whole_nodes[node.event.index, node.facts]
+            if not node.dead:
+                assert reach >= min_reach - 1e-9
+                assert (node.key, node.free, node.pending) == (other.key, other.free, other.pending)
+                counts["expanded"] += 1
+            elif not other.dead:
+                assert reach < min_reach + 1e-9
+                counts["pruned"] += 1
+        counts["trees"] += 1
+        return tree
+
+    monkeypatch.setattr(Planner, "tree", checking)
+    run_chain(engine, Chain([5, 6, 7], config, engine.eos_token_id))
+    assert counts["trees"] > 50 and counts["pruned"] > 0 and counts["expanded"] > counts["trees"], counts

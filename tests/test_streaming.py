@@ -114,6 +114,35 @@ def test_fork_wake_share_trades_events_for_nothing_but_the_schedule():
     assert fork_events[0.0] > fork_events[0.25] > fork_events[1.0] > 0, fork_events
 
 
+def test_plan_min_reach_plans_fewer_nodes_and_walks_the_serial_chain(monkeypatch):
+    """A plan that leaves improbable events unexpanded is smaller, and the walk is the serial
+    chain's at every threshold (which nodes it leaves: tests/test_plan_cache.py)."""
+    from presto_ray.plan_cache import PlanCache
+
+    toy = ToyEngine(vocab_size=64, logit_scale=4.0, eos_bias=-3.0, seed=1)
+    base = SamplerConfig(block_size=48, mh_steps=24, prefetch_budget=16, seed=3, schedule="streaming")
+    serial = run_recorded(toy, [5, 6, 7], base.model_copy(update={"traversal": "serial", "schedule": "rounds"}))
+    sizes: list[int] = []
+    real_tree = PlanCache.tree
+
+    def counted(self, *args, **kwargs):
+        tree = real_tree(self, *args, **kwargs)
+        sizes.append(self._last_tree_nodes)
+        return tree
+
+    monkeypatch.setattr(PlanCache, "tree", counted)
+    mean_nodes = {}
+    for min_reach in (0.0, 0.01, 0.05):
+        sizes.clear()
+        config = base.model_copy(update={"plan_min_reach": min_reach})
+        chains = [Chain([5, 6, 7], config, toy.eos_token_id, record_edges=True) for _ in range(3)]
+        run_streaming(RecordingEngine(toy.streaming()), chains)
+        for chain in chains:
+            assert_same_walk(chain, serial)
+        mean_nodes[min_reach] = sum(sizes) / len(sizes)
+    assert mean_nodes[0.0] > mean_nodes[0.01] > mean_nodes[0.05] > 0, mean_nodes
+
+
 def test_sample_and_sample_many_stream_on_the_toy():
     spec = ToyEngineConfig(vocab_size=32, logit_scale=3.0, eos_bias=-1.0)
     engine = spec.build()
