@@ -130,7 +130,7 @@ class SamplerConfig(BaseModel):
         0.01, ge=0.0, lt=1.0,
         description="Streaming, predictive only: the plan does not expand an event the walk reaches with a smaller "
         "probability (nothing below it is planned or requested): fewer plan nodes, less host time per event "
-        "(0.79-0.93x at the default on the host-time bench); 0 plans every event.",
+        "(0.82-0.90x at the default on the host-time bench); 0 plans every event.",
     )
 
     @model_validator(mode="after")

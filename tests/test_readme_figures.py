@@ -104,3 +104,40 @@ def test_the_fork_wake_share_figures_in_streaming_md_are_the_measured_ones():
 
     assert f"at 4 chains {walls(4, 'share 0', 2)} s against {walls(4, 'share 0.25', 2)} s" in doc
     assert f"{walls(64, 'share 0', 1)} s against {walls(64, 'share 0.25', 1)} s" in doc
+
+
+def test_the_plan_min_reach_figures_in_streaming_md_are_the_measured_ones():
+    """docs/streaming.md's sixth pass: its host-time table against the runs
+    bench/results/plan_min_reach.json recorded (every run the same samples), and its virtual-clock
+    claims against the rows recorded there."""
+    doc = " ".join((REPO / "docs" / "streaming.md").read_text().split())
+    report = json.loads((REPO / "bench" / "results" / "plan_min_reach.json").read_text())
+    runs = report["host_time"]["runs"]
+    assert len({row["digest"] for run in runs for row in run["rows"].values()}) == 1
+    for setting in ("streaming", "streaming + early rejection", "serial"):
+        side = {s: [run["rows"][setting] for run in runs if run["side"] == s] for s in ("base", "head")}
+        cpu = {s: " / ".join(f"{row['cpu_s']:.2f}" for row in rows) for s, rows in side.items()}
+        events = " / ".join(f"{side[s][0]['events']:,}" for s in ("base", "head"))
+        ratios = " / ".join(f"{b['cpu_s'] / h['cpu_s']:.2f}x" for b, h in zip(side["base"], side["head"]))
+        host = sorted(row["host_ms_per_token"] for row in side["head"])
+        control = sorted(row["control_ms_per_token"] for row in side["head"])
+        line = (f"| {setting} | {events} | {cpu['base']} | {cpu['head']} | {ratios} | {host[0]:.3f}-{host[-1]:.3f} | "
+                f"{control[0]:.3f}-{control[-1]:.3f} |")
+        assert line in doc, line
+
+    def speed(rows: list[dict]) -> dict[tuple, float]:
+        return {(r["prefetch_budget"], r["mh_steps"], r["fixed_length"], r["early_rejection"]): r["speedup_vs_serial"] for r in rows}
+
+    clock = report["virtual_clock"]["rows"]
+    before, after = speed(clock["0.0"]), speed(clock["0.01"])
+    assert all(r["same_as_serial"] for rows in clock.values() for r in rows)
+    for budget, words in ((8, "worst -{:.1f}%"), (20, "{:.1f}% at worst")):
+        ratios = [after[k] / before[k] for k in before if k[0] == budget]
+        assert len(ratios) == 12 and words.format(100 * (1 - min(ratios))) in doc, budget
+    worst = min((after[k] / before[k], k) for k in before)[1]
+    assert f"{before[worst]:.2f}x -> {after[worst]:.2f}x" in doc
+    load = report["virtual_clock_load"]["rows"]
+    times = {r: [row["time"] for row in rows] for r, rows in load.items()}
+    assert len(times["0.0"]) == 40 and all(a <= b + 1e-9 for a, b in zip(times["0.01"], times["0.0"]))
+    replay = report["vllm_replay"]
+    assert len(replay["base"]) == 24 and replay["base"] == replay["head"]
