@@ -56,8 +56,10 @@ def speculation_threshold(prefetch_budget: int, speculation_gain: float) -> floa
     than rounds in five, all at budget 20 (tokens vs serial's, streaming against rounds): off,
     EOS at K = 10 (1.442 against 1.440) and K = 100 (1.39 against 1.36); on, K = 10 at fixed
     length (1.33 against 1.27) and with EOS (1.34 against 1.27), and EOS at K = 100 (0.97
-    against 0.88). The gain has not been refitted. The cap keeps small budgets speculating: at
-    budget 4 (K = 24) 0.5 gave 2.43x over serial with 1.07x serial's tokens, rounds 2.04x with
+    against 0.88). Against the planner of 2026-12-05 (fork_wake_share, plan_min_reach) the same
+    five rows spend more; 4.8 spends no more than rounds in any row at 0.94x 3.2's speed
+    (bench/results/speculation_gain_refit.json, docs/streaming.md's "Not done yet"): 3.2 stays.
+    The cap keeps small budgets speculating: at budget 4 (K = 24) 0.5 gave 2.43x over serial with 1.07x serial's tokens, rounds 2.04x with
     1.08x. The budget is the configured `prefetch_budget`, not the share a loaded device leaves
     (`budget_by_load`).
     """

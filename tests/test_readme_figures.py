@@ -6,6 +6,7 @@ was measured."""
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 
@@ -141,3 +142,27 @@ def test_the_plan_min_reach_figures_in_streaming_md_are_the_measured_ones():
     assert len(times["0.0"]) == 40 and all(a <= b + 1e-9 for a, b in zip(times["0.01"], times["0.0"]))
     replay = report["vllm_replay"]
     assert len(replay["base"]) == 24 and replay["base"] == replay["head"]
+
+
+def test_the_speculation_gain_refit_in_streaming_md_is_the_measured_one():
+    """docs/streaming.md's refit of speculation_gain: how many streaming rows spend more tokens
+    than rounds at each gain, and the speed against 3.2's, as bench/results/speculation_gain_refit.json
+    recorded."""
+    doc = " ".join((REPO / "docs" / "streaming.md").read_text().split())
+    rows = json.loads((REPO / "bench" / "results" / "speculation_gain_refit.json").read_text())["rows"]
+
+    def key(row: dict) -> tuple:
+        return row["prefetch_budget"], row["mh_steps"], row["fixed_length"], row["early_rejection"]
+
+    rounds = {key(r): r["tokens_vs_serial"] for r in rows["3.2"] if r["schedule"] == "rounds"}
+    reference = {key(r): r["speedup_vs_serial"] for r in rows["3.2"] if r["schedule"] == "streaming"}
+    words = {"2.4": "at 2.4 {over} rows spend more, {mean:.2f}x faster", "4.0": "at 4.0 {over} (budget 20",
+             "4.8": "at 4.8 {over} at {mean:.2f}x (worst {worst:.2f}x)", "3.2": "at 3.2 {over} rows still spend more than rounds"}
+    names = {0: "none", 1: "one", 5: "five", 10: "ten"}
+    for gain, template in words.items():
+        streaming = [r for r in rows[gain] if r["schedule"] == "streaming"]
+        assert len(streaming) == 24 and all(r["same_as_serial"] for r in rows[gain])
+        over = sum(r["tokens_vs_serial"] > rounds[key(r)] for r in streaming)
+        ratios = [r["speedup_vs_serial"] / reference[key(r)] for r in streaming]
+        mean = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
+        assert template.format(over=names[over], mean=mean, worst=min(ratios)) in doc, gain
