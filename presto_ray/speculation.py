@@ -60,8 +60,8 @@ def speculation_threshold(prefetch_budget: int, speculation_gain: float) -> floa
     five rows spend more; 4.8 spends no more than rounds in any row at 0.94x 3.2's speed
     (bench/results/speculation_gain_refit.json, docs/streaming.md's "Not done yet"): 3.2 stays.
     The cap keeps small budgets speculating: at budget 4 (K = 24) 0.5 gave 2.43x over serial
-    with 1.07x serial's tokens, rounds 2.04x with 1.08x. The budget is the configured `prefetch_budget`, not the share a loaded device leaves
-    (`budget_by_load`).
+    with 1.07x serial's tokens, rounds 2.04x with 1.08x. The budget is the configured
+    `prefetch_budget`, not the share a loaded device leaves (`budget_by_load`).
     """
     if speculation_gain <= 0.0:
         return 0.0
