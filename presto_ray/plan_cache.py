@@ -8,8 +8,9 @@ knowledge of one request, or moves the root one step down the tree. A node is a 
 the cache keeps one node object per (event, facts) across trees, re-expands only the nodes whose
 request's knowledge changed since they were expanded, and a tree is a walk over the kept nodes
 from the root, level by level, that dresses each node as this tree sees it (levels past the
-keyed-depth limit, and nodes the walk reaches with less than `min_reach`, are dead). The trees are exactly the ones a build from nothing gives:
-tests/test_plan_cache.py compares them node for node at every event. The nodes, and the last tree
+keyed-depth limit, and nodes the walk reaches with less than `min_reach`, are dead). The trees
+are exactly the ones a build from nothing gives: tests/test_plan_cache.py compares them node for
+node at every event. The nodes, and the last tree
 kept as counts and updated in place: presto_ray/plan_counts.py.
 """
 
@@ -71,7 +72,6 @@ class PlanCache(TreeCounts):
         self._walked: tuple[object, ...] | None = None  # (root, rules, max_keyed_depth, max_depth, min_mass) of the last tree
         self._last_depth = -1  # the deepest depth whose nodes are expanded; the next one's are dead
         self._min_mass = 0
-        self._level_nodes: list[int] = []
         self._members: list[dict[_CachedNode, None]] = []
         self._level_keyed: list[int] = []
         self._key_nodes: dict[RequestKey, int] = {}
@@ -266,7 +266,7 @@ class PlanCache(TreeCounts):
             self._walk_all(root, rules, last_event, max_keyed_depth, max_depth)
         else:
             self._update(stale, max_keyed_depth, max_depth)
-        nodes = sum(self._level_nodes)
+        nodes = sum(map(len, self._members))
         self._last_tree_nodes = nodes
         fork_points = self._fork_points
         if fork_points is None:  # sorted keys compare their prefixes: only when a count changed
@@ -293,7 +293,6 @@ class PlanCache(TreeCounts):
         fork_nodes: dict[RequestKey, int] = {}
         root_state_nodes: dict[RequestKey, int] = {}
         fork_needs: dict[RequestKey, dict[int, int]] = {}
-        level_nodes = [0] * (max_depth + 2)
         level_keyed = [0] * (max_depth + 2)
         members: list[dict[_CachedNode, None]] = [{} for _ in range(max_depth + 2)]
         requests_per_step = rules.requests_per_step
@@ -305,7 +304,6 @@ class PlanCache(TreeCounts):
         while depth < max_depth and level and keyed_depths < max_keyed_depth:
             following: list[_CachedNode] = []
             keyed = 0
-            level_nodes[depth] = len(level)
             members[depth] = dict.fromkeys(level)
             for node in level:
                 node.depth, node.in_level, node.counted, node.contributes = depth, True, None, None
@@ -361,12 +359,11 @@ class PlanCache(TreeCounts):
             level = following
             depth += 1
         self._last_depth = depth - 1
-        level_nodes[depth] = len(level)
         members[depth] = dict.fromkeys(level)
         for node in level:  # past the keyed-depth limit: dead in this tree
             node.depth, node.in_level, node.counted, node.contributes = depth, True, None, None
             _dress_dead(node)
-        self._level_nodes, self._level_keyed, self._members = level_nodes, level_keyed, members
+        self._level_keyed, self._members = level_keyed, members
         self._key_nodes, self._fork_nodes, self._root_state_nodes, self._fork_needs = key_nodes, fork_nodes, root_state_nodes, fork_needs
         self._fork_points = None
         self._free_nodes = free_nodes

@@ -38,7 +38,7 @@ class _CachedNode(PlanNode):
         self.walk = -1
         self.parents = 0  # branches of the tree that lead to this node (0: not in it)
         self.mass = 0  # the probability the walk reaches it, in MASS_SCALE units (sum over its branches)
-        self.in_level = False  # counted in its depth's nodes
+        self.in_level = False  # in its depth's `_members`
         self.counted: _Expansion | None = None  # the expansion the tree's counts hold for it
         self.contributes: tuple[int, list[tuple[_CachedNode, float]]] | None = None  # (its mass, its branches): what its children hold from it
         self.registered_with: RequestKey | None = None  # the source in whose `_source_readers` it is (pending or dead)
@@ -70,9 +70,8 @@ class TreeCounts:
     _walk: int
     _last_depth: int
     _min_mass: int  # nodes the walk reaches with less mass are not expanded (MASS_SCALE units)
-    _level_nodes: list[int]
     _level_keyed: list[int]
-    _members: list[dict[_CachedNode, None]]  # the tree's nodes at each depth
+    _members: list[dict[_CachedNode, None]]  # the tree's nodes at each depth (the one past the limit included)
     _key_nodes: dict[RequestKey, int]
     _fork_nodes: dict[RequestKey, int]
     _root_state_nodes: dict[RequestKey, int]
@@ -104,7 +103,7 @@ class TreeCounts:
                     level = dirty[node.depth] = {}
                 level[node] = None
         settle = self._settle
-        level_nodes, level_keyed = self._level_nodes, self._level_keyed
+        members, level_keyed = self._members, self._level_keyed
         while True:
             while dirty:
                 depth = min(dirty)
@@ -117,14 +116,14 @@ class TreeCounts:
                     del dirty[depth + 1]
             # the limit: a depth is planned while fewer than max_keyed_depth depths above it have keys
             keyed_depths, depth = 0, 0
-            while depth < max_depth and level_nodes[depth] and keyed_depths < max_keyed_depth:
+            while depth < max_depth and members[depth] and keyed_depths < max_keyed_depth:
                 keyed_depths += level_keyed[depth] > 0
                 depth += 1
             if depth - 1 == self._last_depth:
                 return
             changed = min(depth - 1, self._last_depth) + 1
             self._last_depth = depth - 1
-            dirty = {changed: dict.fromkeys(self._members[changed])}
+            dirty = {changed: dict.fromkeys(members[changed])}
 
     def _count(self, node: _CachedNode, expansion: _Expansion, sign: int) -> None:
         """Count an expanded node of the tree in (+1) or out (-1)."""
@@ -156,10 +155,8 @@ class TreeCounts:
         if in_tree != node.in_level:
             node.in_level = in_tree
             if in_tree:
-                self._level_nodes[depth] += 1
                 self._members[depth][node] = None
             else:
-                self._level_nodes[depth] -= 1
                 del self._members[depth][node]
         mass = node.mass
         live = in_tree and depth <= self._last_depth and mass >= self._min_mass
