@@ -83,14 +83,20 @@ def _run(
 
     start_waiting()
     while engine.busy:
+        # a chain takes all its events of one advance in one step: one plan for what landed at
+        # once (as the Ray driver's chains do), not one per event
+        landed: dict[int, list[tuple[ProposalKey, EngineEvent]]] = {}
         for event in engine.advance():
             owner = owners.get(event.handle)
             if owner is None:
-                continue  # aborted after it ended, within this batch of events
+                continue  # aborted after it ended
             i, key = owner
             if event.completion is not None:
                 del handles[owner], owners[event.handle]
-            step(i, [_chain_event(engine, key, event)])
+            landed.setdefault(i, []).append((key, event))
+        for i, events in landed.items():
+            # partial tokens read as the chain steps: an engine that runs meanwhile has more
+            step(i, [_chain_event(engine, key, event) for key, event in events])
         start_waiting()  # in the place of the chains that finished
     unfinished = [i for i, chain in enumerate(chains) if not chain.done]
     if unfinished:

@@ -143,6 +143,39 @@ def test_plan_min_reach_plans_fewer_nodes_and_walks_the_serial_chain(monkeypatch
     assert mean_nodes[0.0] > mean_nodes[0.01] > mean_nodes[0.05] > 0, mean_nodes
 
 
+def test_a_chain_takes_what_landed_in_one_advance_in_one_step(monkeypatch):
+    """The driver hands each chain all its events of one engine advance together (they landed at
+    the same instant): one step and one plan for them, in the order the engine gave them, as the
+    Ray driver does; the walk is the serial chain's."""
+    toy = ToyEngine(vocab_size=64, logit_scale=4.0, eos_bias=-3.0, seed=1)
+    config = SamplerConfig(block_size=48, mh_steps=24, prefetch_budget=12, seed=3, schedule="streaming")
+    serial = run_recorded(toy, [5, 6, 7], config.model_copy(update={"traversal": "serial", "schedule": "rounds"}))
+    engine = RecordingEngine(toy.streaming())
+    advances = [0]
+    handed: list[tuple[int, int, int]] = []  # (advance, chain, events handed in one step)
+    real_advance, real_step = engine.advance, ChainStream.step
+
+    def counting_advance():
+        advances[0] += 1
+        return real_advance()
+
+    def recording_step(self, events=(), budget=None):
+        events = list(events)
+        if events:
+            handed.append((advances[0], id(self), len(events)))
+        return real_step(self, events, budget)
+
+    engine.advance = counting_advance
+    monkeypatch.setattr(ChainStream, "step", recording_step)
+    chains = [Chain([5, 6, 7], config, toy.eos_token_id, record_edges=True) for _ in range(3)]
+    run_streaming(engine, chains)
+    for chain in chains:
+        assert_same_walk(chain, serial)
+    steps_per_advance = [(advance, chain) for advance, chain, _ in handed]
+    assert len(steps_per_advance) == len(set(steps_per_advance)), "a chain stepped twice in one advance"
+    assert max(count for _, _, count in handed) > 1  # this configuration lands several at once
+
+
 def test_sample_and_sample_many_stream_on_the_toy():
     spec = ToyEngineConfig(vocab_size=32, logit_scale=3.0, eos_bias=-1.0)
     engine = spec.build()
