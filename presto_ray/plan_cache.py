@@ -75,7 +75,6 @@ class PlanCache(TreeCounts):
         self._members: list[dict[_CachedNode, None]] = []
         self._level_keyed: list[int] = []
         self._key_nodes: dict[RequestKey, int] = {}
-        self._key_mass: dict[RequestKey, int] = {}
         self._fork_nodes: dict[RequestKey, int] = {}
         self._root_state_nodes: dict[RequestKey, int] = {}
         self._fork_needs: dict[RequestKey, dict[int, int]] = {}  # source -> token count -> nodes
@@ -280,10 +279,6 @@ class PlanCache(TreeCounts):
             self._fork_nodes.keys(),
             self._root_state_nodes.keys(),
             1.0 if nodes > self._free_nodes else 0.0,
-            self._key_mass,
-            1.0 / MASS_SCALE,
-            # a node has at most two branches; 1e-9 covers the selection's float sums
-            (2 * nodes + 1) / MASS_SCALE + 1e-9,
         )
 
     # --- the whole tree, level by level ----------------------------------------------------
@@ -295,7 +290,6 @@ class PlanCache(TreeCounts):
         root_known = root_facts.known
         min_mass = self._min_mass
         key_nodes: dict[RequestKey, int] = {}
-        key_mass: dict[RequestKey, int] = {}
         fork_nodes: dict[RequestKey, int] = {}
         root_state_nodes: dict[RequestKey, int] = {}
         fork_needs: dict[RequestKey, dict[int, int]] = {}
@@ -348,7 +342,6 @@ class PlanCache(TreeCounts):
                     if expansion.is_fork:
                         fork_nodes[key] = fork_nodes.get(key, 0) + 1
                     key_nodes[key] = key_nodes.get(key, 0) + 1
-                    key_mass[key] = key_mass.get(key, 0) + mass
                     if at_root:
                         root_state_nodes[key] = root_state_nodes.get(key, 0) + 1
                     keyed += 1
@@ -371,7 +364,7 @@ class PlanCache(TreeCounts):
             node.depth, node.in_level, node.counted, node.contributes = depth, True, None, None
             _dress_dead(node)
         self._level_keyed, self._members = level_keyed, members
-        self._key_nodes, self._key_mass, self._fork_nodes, self._root_state_nodes, self._fork_needs = key_nodes, key_mass, fork_nodes, root_state_nodes, fork_needs
+        self._key_nodes, self._fork_nodes, self._root_state_nodes, self._fork_needs = key_nodes, fork_nodes, root_state_nodes, fork_needs
         self._fork_points = None
         self._free_nodes = free_nodes
 

@@ -73,7 +73,6 @@ class TreeCounts:
     _level_keyed: list[int]
     _members: list[dict[_CachedNode, None]]  # the tree's nodes at each depth (the one past the limit included)
     _key_nodes: dict[RequestKey, int]
-    _key_mass: dict[RequestKey, int]  # the summed mass of the nodes needing each key (entries as `_key_nodes`')
     _fork_nodes: dict[RequestKey, int]
     _root_state_nodes: dict[RequestKey, int]
     _fork_needs: dict[RequestKey, dict[int, int]]
@@ -126,8 +125,8 @@ class TreeCounts:
             self._last_depth = depth - 1
             dirty = {changed: dict.fromkeys(members[changed])}
 
-    def _count(self, node: _CachedNode, expansion: _Expansion, sign: int, mass: int) -> None:
-        """Count an expanded node of the tree, reached with `mass`, in (+1) or out (-1)."""
+    def _count(self, node: _CachedNode, expansion: _Expansion, sign: int) -> None:
+        """Count an expanded node of the tree in (+1) or out (-1)."""
         if expansion.free:
             self._free_nodes += sign
         if expansion.pending:
@@ -143,10 +142,6 @@ class TreeCounts:
         if key is not None:
             self._level_keyed[node.depth] += sign
             _bump(self._key_nodes, key, sign)
-            if key in self._key_nodes:
-                self._key_mass[key] = self._key_mass.get(key, 0) + sign * mass
-            else:
-                del self._key_mass[key]
             if expansion.is_fork:
                 _bump(self._fork_nodes, key, sign)
             if node.at_root:
@@ -176,9 +171,6 @@ class TreeCounts:
             if not expand and old is not None:  # the same branches and counts
                 old_mass, branches = old
                 if old_mass != mass:  # its children's masses move by their shares' difference
-                    key = node.counted.key  # type: ignore[union-attr]  # counted with `contributes`
-                    if key is not None:
-                        self._key_mass[key] += mass - old_mass
                     for child, p in branches:
                         moved = _share(mass, p) - _share(old_mass, p)
                         if moved:
@@ -192,16 +184,11 @@ class TreeCounts:
         if counted is not None:
             node.counted = None
             key = counted.key
-            counted_mass = node.contributes[0]  # type: ignore[index]  # set with `counted`
             if counted.free or counted.pending:
-                self._count(node, counted, -1, counted_mass)
+                self._count(node, counted, -1)
             else:  # keyed, the common case, inlined: `_count`'s operations
-                key = cast(RequestKey, key)
                 self._level_keyed[depth] -= 1
-                if _drop(self._key_nodes, key):
-                    self._key_mass[key] -= counted_mass
-                else:
-                    del self._key_mass[key]
+                _drop(self._key_nodes, key)
                 if counted.is_fork:
                     _drop(self._fork_nodes, key)
                 if node.at_root:
@@ -231,13 +218,12 @@ class TreeCounts:
             node.children = node.branch_nodes  # type: ignore[assignment]
             node.look = _AS_EXPANDED
         if expansion.free or expansion.pending:
-            self._count(node, expansion, 1, mass)
+            self._count(node, expansion, 1)
         else:  # keyed, the common case, inlined: `_count`'s operations
             key = cast(RequestKey, expansion.key)
             self._level_keyed[depth] += 1
             counts = self._key_nodes
             counts[key] = counts.get(key, 0) + 1
-            self._key_mass[key] = self._key_mass.get(key, 0) + mass
             if expansion.is_fork:
                 counts = self._fork_nodes
                 counts[key] = counts.get(key, 0) + 1
@@ -257,14 +243,12 @@ class TreeCounts:
         node.contributes = (mass, branches)
 
 
-def _drop(counts: dict, key: object) -> int:
-    """One less of `key`; the count left."""
+def _drop(counts: dict, key: object) -> None:
     count = counts[key] - 1
     if count:
         counts[key] = count
     else:
         del counts[key]
-    return count
 
 
 def _dress_dead(node: _CachedNode) -> None:

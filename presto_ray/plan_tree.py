@@ -30,7 +30,7 @@ Incremental trees, and a tree built from nothing: presto_ray/plan_cache.py.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import AbstractSet, Callable, Mapping, NamedTuple
 
 from presto_ray.schedule import Event, Schedule
@@ -100,19 +100,6 @@ class PlanTree:
     forks: AbstractSet[RequestKey]  # keys whose prefix holds tokens of a proposal still being generated
     root_state_keys: AbstractSet[RequestKey]  # keys nodes in the root's state need (their bound is known at plan time)
     max_value: float = 1.0  # the largest node value (0 when every node is free): selection's bound
-    # each key's nodes' summed reach, were every key issued (the probability the walk reaches
-    # them), in the cache's whole units of `mass_unit`: each branch's share is truncated, so a
-    # mass is short of its probability by less than a unit per branch above it (`mass_slack`
-    # covers that and the selection's float sums)
-    key_mass: Mapping[RequestKey, int] = field(default_factory=dict)
-    mass_unit: float = 1.0
-    mass_slack: float = 0.0
-
-    def largest_new_reach(self, issued: AbstractSet[RequestKey]) -> float:
-        """At least the reach of the nodes needing any one key outside `issued`, were every key
-        issued: no selection through `issued` weighs such a key's nodes by more."""
-        most = max((mass for key, mass in self.key_mass.items() if key not in issued), default=-1)
-        return -1.0 if most < 0 else most * self.mass_unit + self.mass_slack
 
 
 class _Expansion(NamedTuple):

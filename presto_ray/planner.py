@@ -102,12 +102,7 @@ class Planner:
         if config.traversal != "serial" and budget > 0:
             if config.traversal == "predictive":
                 gain = config.min_expected_gain if min_gain is None else min_gain
-                keys = cast(
-                    list[RequestKey],
-                    select_max_expected(
-                        tree.root, budget, gain, issued=issued, max_value=tree.max_value, reach_bound=tree.largest_new_reach(issued)
-                    ),
-                )
+                keys = cast(list[RequestKey], select_max_expected(tree.root, budget, gain, issued=issued, max_value=tree.max_value))
             else:
                 keys = cast(list[RequestKey], select_breadth_first(tree.root, budget, issued=issued))
         root_key = cast("RequestKey | None", tree.root.key)

@@ -160,7 +160,6 @@ def select_max_expected(
     cost_per_request: float = 0.0,
     issued: Iterable[Hashable] = (),
     max_value: float | None = None,
-    reach_bound: float | None = None,
 ) -> list[Hashable]:
     """New keys maximising expected completed events minus `cost_per_request` per request, within budget.
 
@@ -176,18 +175,11 @@ def select_max_expected(
     With cost 0 the search is exact. With one key per depth, as the rounds planner produces, it is
     linear; past MAX_SEARCH_NODES nodes it returns the best set found so far. `max_value`: the largest
     node value in the DAG, when its builder knows it (else a walk over the DAG finds it).
-    `reach_bound`: at least the probability that the walk reaches the nodes needing any one key
-    outside `issued`, were every key issued (presto_ray/plan_tree.py's `largest_new_reach`). Below
-    `cost_per_request` (with `max_value`) no key can pass the search's candidate test, so the
-    search would choose nothing: it is not run (most streaming events, 3,172 of 7,326 selections
-    on the host-time job).
     """
     best_score = float("-inf")
     best: list[Hashable] = []
     if max_value is None:
         max_value = _max_node_value(root)
-    if reach_bound is not None and reach_bound * max_value < cost_per_request:
-        return best
     visited = 0
     issued_set = set(issued)
     # How this call sees each node it meets, found once per node (a key's hash is a Python call):

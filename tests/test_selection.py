@@ -191,56 +191,6 @@ def test_the_search_makes_the_plain_searchs_choices(trial):
     assert select_max_expected(root, budget, cost, issued=issued) == want
 
 
-def _reach_if_all_issued(root: PlanNode) -> dict:
-    """Each key's nodes' summed reach when every key is issued (the bound a plan tree keeps)."""
-    reach, mass, level = {}, {root: 1.0}, [root]
-    while level:
-        following = {}
-        for node in level:
-            if node.key is not None:
-                reach[node.key] = reach.get(node.key, 0.0) + mass[node]
-            if node.dead:
-                continue
-            for child, p in node.children:
-                mass[child] = mass.get(child, 0.0) + mass[node] * p
-                following[child] = None
-        level = list(following)
-    return reach
-
-
-@pytest.mark.parametrize("trial", range(60))
-def test_a_reach_bound_skips_only_searches_that_choose_nothing(trial):
-    """Given a valid bound (at least the reach of any key outside the issued ones), the search
-    chooses what it chooses without one; below the cost it is not run, and then it chose nothing."""
-    rng = random.Random(3000 + trial)
-    root = random_dag(rng, depth=rng.randint(1, 12), width=rng.randint(1, 10), keys_per_depth=rng.randint(1, 6))
-    reach = _reach_if_all_issued(root)
-    keys = sorted(reach)
-    issued = set(rng.sample(keys, rng.randint(0, len(keys)))) | {root.key}
-    cost = rng.choice([0.05, 0.2, 0.5, 0.9])
-    bound = max((reach[key] for key in keys if key not in issued), default=-1.0) + 1e-9
-    want = select_max_expected(root, 8, cost, issued=issued)
-    assert select_max_expected(root, 8, cost, issued=issued, reach_bound=bound) == want
-    if bound < cost:
-        assert want == []
-    # a bound below the truth is not one: it would skip searches that choose something
-    if want:
-        assert select_max_expected(root, 8, cost, issued=issued, reach_bound=cost / 2) == []
-
-
-def test_the_reach_bound_skips_some_searches():
-    skipped = 0
-    for trial in range(60):
-        rng = random.Random(3000 + trial)
-        root = random_dag(rng, depth=rng.randint(1, 12), width=rng.randint(1, 10), keys_per_depth=rng.randint(1, 6))
-        reach = _reach_if_all_issued(root)
-        keys = sorted(reach)
-        issued = set(rng.sample(keys, rng.randint(0, len(keys)))) | {root.key}
-        cost = rng.choice([0.05, 0.2, 0.5, 0.9])
-        skipped += max((reach[key] for key in keys if key not in issued), default=-1.0) + 1e-9 < cost
-    assert skipped > 5
-
-
 @pytest.mark.parametrize("trial", range(40))
 def test_a_search_cut_short_keeps_the_plain_searchs_best_so_far(trial, monkeypatch):
     import presto_ray.selection as selection
