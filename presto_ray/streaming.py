@@ -1,5 +1,6 @@
-"""The streaming schedule's in-process driver: requests start as chains ask, and each completion
-goes to its chain the moment it lands (docs/streaming.md).
+"""The streaming schedule's in-process driver: requests start as chains ask, and what lands goes to
+its chain at once: each chain takes all its events of one engine advance in one step
+(docs/streaming.md).
 
 The loop is transport only: what to do after each event is `ChainStream.step`'s
 (presto_ray/chain_stream.py, shared with the Ray driver), how many requests may run is

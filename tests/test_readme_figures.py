@@ -166,3 +166,56 @@ def test_the_speculation_gain_refit_in_streaming_md_is_the_measured_one():
         ratios = [r["speedup_vs_serial"] / reference[key(r)] for r in streaming]
         mean = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
         assert template.format(over=names[over], mean=mean, worst=min(ratios)) in doc, gain
+
+
+def test_the_events_per_advance_figures_in_streaming_md_are_the_measured_ones():
+    """docs/streaming.md's seventh pass: its host-time table, plan counts, virtual-clock claims and
+    vLLM runs against bench/results/events_per_advance.json (every run the same samples)."""
+    doc = " ".join((REPO / "docs" / "streaming.md").read_text().split())
+    report = json.loads((REPO / "bench" / "results" / "events_per_advance.json").read_text())
+    runs = report["host_time"]["runs"]
+    assert len({row["digest"] for run in runs for row in run["rows"].values()}) == 1
+    for setting in ("streaming", "streaming + early rejection", "serial"):
+        side = {s: [run["rows"][setting] for run in runs if run["side"] == s] for s in ("base", "head")}
+        assert len(side["base"]) == len(side["head"]) == 5
+        cpu = {s: " / ".join(f"{row['cpu_s']:.2f}" for row in rows) for s, rows in side.items()}
+        events = " / ".join(f"{side[s][0]['events']:,}" for s in ("base", "head"))
+        tokens = " / ".join(f"{side[s][0]['generated_tokens']:,}" for s in ("base", "head"))
+        ratios = " / ".join(f"{b['cpu_s'] / h['cpu_s']:.2f}x" for b, h in zip(side["base"], side["head"]))
+        host = sorted(row["host_ms_per_token"] for row in side["head"])
+        control = sorted(row["control_ms_per_token"] for row in side["head"])
+        line = (f"| {setting} | {events} | {tokens} | {cpu['base']} | {cpu['head']} | {ratios} | "
+                f"{host[0]:.3f}-{host[-1]:.3f} | {control[0]:.3f}-{control[-1]:.3f} |")
+        assert line in doc, line
+    plans = report["plans"]
+    assert (f"{plans['head']['streaming']['steps_with_events']:,} chain steps with events instead of "
+            f"{plans['base']['streaming']['steps_with_events']:,} and {plans['head']['streaming']['trees']:,} trees "
+            f"instead of {plans['base']['streaming']['trees']:,}") in doc
+
+    def key(row: dict) -> tuple:
+        return row["prefetch_budget"], row["mh_steps"], row["fixed_length"], row["early_rejection"]
+
+    clock = report["virtual_clock"]["rows"]
+    before = {key(r): r for r in clock["base"]}
+    assert len(before) == 24 and all(r["same_as_serial"] for rows in clock.values() for r in rows)
+    for budget, words in ((8, "at budget 8 a geometric mean of {mean:.4f}x base's speed (worst -{worst:.1f}%"),
+                          (20, "at budget 20 {mean:.4f}x (worst -{worst:.1f}%)")):
+        ratios = [r["speedup_vs_serial"] / before[key(r)]["speedup_vs_serial"] for r in clock["head"] if r["prefetch_budget"] == budget]
+        mean = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
+        assert words.format(mean=mean, worst=100 * (1 - min(ratios))) in doc, budget
+    fewer = sum(r["tokens_vs_serial"] < before[key(r)]["tokens_vs_serial"] for r in clock["head"])
+    assert f"with fewer tokens in {fewer} of the 24 rows" in doc
+    load = report["virtual_clock_load"]["rows"]
+    speed = {s: [b["time"] / h["time"] for b, h in zip(load["base"], load["head"]) if b["schedule"] == s] for s in ("serial", "rounds", "streaming")}
+    assert all(len(v) == 40 for v in speed.values()) and speed["serial"] == speed["rounds"] == [1.0] * 40
+    mean = math.exp(sum(math.log(x) for x in speed["streaming"]) / 40)
+    assert f"geometric mean of {mean:.4f}x, worst -{100 * (1 - min(speed['streaming'])):.1f}%" in doc
+    vllm = report["vllm_cpu"]
+
+    def walls(runs: list[dict], side: str) -> str:
+        return " / ".join(f"{run['wall_s']:.2f}" for run in runs if run["side"].startswith(side))
+
+    for runs in (vllm["runs_64_chains"], vllm["runs_4_chains"]):
+        assert len({run["digest"] for run in runs}) == 1
+        assert f"{walls(runs, 'base')} s at base against {walls(runs, 'head')} s" in doc or \
+            f"{walls(runs, 'base')} s against {walls(runs, 'head')} s" in doc
