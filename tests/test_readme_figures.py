@@ -107,24 +107,30 @@ def test_the_fork_wake_share_figures_in_streaming_md_are_the_measured_ones():
     assert f"{walls(64, 'share 0', 1)} s against {walls(64, 'share 0.25', 1)} s" in doc
 
 
+def _assert_host_table(doc: str, runs: list[dict], *, with_tokens: bool) -> None:
+    """A streaming.md host-time table (base against head, alternated runs of the three settings)
+    is the recorded runs', row for row; every run gave the same samples."""
+    assert len({row["digest"] for run in runs for row in run["rows"].values()}) == 1
+    for setting in ("streaming", "streaming + early rejection", "serial"):
+        side = {s: [run["rows"][setting] for run in runs if run["side"] == s] for s in ("base", "head")}
+        cpu = {s: " / ".join(f"{row['cpu_s']:.2f}" for row in rows) for s, rows in side.items()}
+        counts = [" / ".join(f"{side[s][0][field]:,}" for s in ("base", "head")) for field in ("events", "generated_tokens")]
+        ratios = " / ".join(f"{b['cpu_s'] / h['cpu_s']:.2f}x" for b, h in zip(side["base"], side["head"]))
+        host = sorted(row["host_ms_per_token"] for row in side["head"])
+        control = sorted(row["control_ms_per_token"] for row in side["head"])
+        cells = [setting, *(counts if with_tokens else counts[:1]), cpu["base"], cpu["head"], ratios,
+                 f"{host[0]:.3f}-{host[-1]:.3f}", f"{control[0]:.3f}-{control[-1]:.3f}"]
+        line = "| " + " | ".join(cells) + " |"
+        assert line in doc, line
+
+
 def test_the_plan_min_reach_figures_in_streaming_md_are_the_measured_ones():
     """docs/streaming.md's sixth pass: its host-time table against the runs
     bench/results/plan_min_reach.json recorded (every run the same samples), and its virtual-clock
     claims against the rows recorded there."""
     doc = " ".join((REPO / "docs" / "streaming.md").read_text().split())
     report = json.loads((REPO / "bench" / "results" / "plan_min_reach.json").read_text())
-    runs = report["host_time"]["runs"]
-    assert len({row["digest"] for run in runs for row in run["rows"].values()}) == 1
-    for setting in ("streaming", "streaming + early rejection", "serial"):
-        side = {s: [run["rows"][setting] for run in runs if run["side"] == s] for s in ("base", "head")}
-        cpu = {s: " / ".join(f"{row['cpu_s']:.2f}" for row in rows) for s, rows in side.items()}
-        events = " / ".join(f"{side[s][0]['events']:,}" for s in ("base", "head"))
-        ratios = " / ".join(f"{b['cpu_s'] / h['cpu_s']:.2f}x" for b, h in zip(side["base"], side["head"]))
-        host = sorted(row["host_ms_per_token"] for row in side["head"])
-        control = sorted(row["control_ms_per_token"] for row in side["head"])
-        line = (f"| {setting} | {events} | {cpu['base']} | {cpu['head']} | {ratios} | {host[0]:.3f}-{host[-1]:.3f} | "
-                f"{control[0]:.3f}-{control[-1]:.3f} |")
-        assert line in doc, line
+    _assert_host_table(doc, report["host_time"]["runs"], with_tokens=False)
 
     def speed(rows: list[dict]) -> dict[tuple, float]:
         return {(r["prefetch_budget"], r["mh_steps"], r["fixed_length"], r["early_rejection"]): r["speedup_vs_serial"] for r in rows}
@@ -174,19 +180,8 @@ def test_the_events_per_advance_figures_in_streaming_md_are_the_measured_ones():
     doc = " ".join((REPO / "docs" / "streaming.md").read_text().split())
     report = json.loads((REPO / "bench" / "results" / "events_per_advance.json").read_text())
     runs = report["host_time"]["runs"]
-    assert len({row["digest"] for run in runs for row in run["rows"].values()}) == 1
-    for setting in ("streaming", "streaming + early rejection", "serial"):
-        side = {s: [run["rows"][setting] for run in runs if run["side"] == s] for s in ("base", "head")}
-        assert len(side["base"]) == len(side["head"]) == 5
-        cpu = {s: " / ".join(f"{row['cpu_s']:.2f}" for row in rows) for s, rows in side.items()}
-        events = " / ".join(f"{side[s][0]['events']:,}" for s in ("base", "head"))
-        tokens = " / ".join(f"{side[s][0]['generated_tokens']:,}" for s in ("base", "head"))
-        ratios = " / ".join(f"{b['cpu_s'] / h['cpu_s']:.2f}x" for b, h in zip(side["base"], side["head"]))
-        host = sorted(row["host_ms_per_token"] for row in side["head"])
-        control = sorted(row["control_ms_per_token"] for row in side["head"])
-        line = (f"| {setting} | {events} | {tokens} | {cpu['base']} | {cpu['head']} | {ratios} | "
-                f"{host[0]:.3f}-{host[-1]:.3f} | {control[0]:.3f}-{control[-1]:.3f} |")
-        assert line in doc, line
+    assert [run["side"] for run in runs].count("base") == [run["side"] for run in runs].count("head") == 5
+    _assert_host_table(doc, runs, with_tokens=True)
     plans = report["plans"]
     assert (f"{plans['head']['streaming']['steps_with_events']:,} chain steps with events instead of "
             f"{plans['base']['streaming']['steps_with_events']:,} and {plans['head']['streaming']['trees']:,} trees "
