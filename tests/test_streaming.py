@@ -145,8 +145,8 @@ def test_plan_min_reach_plans_fewer_nodes_and_walks_the_serial_chain(monkeypatch
 
 def test_a_chain_takes_what_landed_in_one_advance_in_one_step(monkeypatch):
     """The driver hands each chain all its events of one engine advance together (they landed at
-    the same instant): one step and one plan for them, in the order the engine gave them, as the
-    Ray driver does; the walk is the serial chain's."""
+    the same instant): one step and one plan for them, as the Ray driver does; the walk is the
+    serial chain's."""
     toy = ToyEngine(vocab_size=64, logit_scale=4.0, eos_bias=-3.0, seed=1)
     config = SamplerConfig(block_size=48, mh_steps=24, prefetch_budget=12, seed=3, schedule="streaming")
     serial = run_recorded(toy, [5, 6, 7], config.model_copy(update={"traversal": "serial", "schedule": "rounds"}))
