@@ -122,7 +122,7 @@ class SamplerConfig(BaseModel):
         0.25, ge=0.0, le=1.0,
         description="Streaming, predictive only: ask the engine for an event at a fork point (a running proposal "
         "reaching the tokens a deferred step's request needs) only while the nodes it unlocks are reached with at "
-        "least this share of the gain a speculative request must add; each event is a plan on the host. 0: every "
+        "least this share of the gain a speculative request must add; each event can cost a plan on the host. 0: every "
         "fork point (1.8x the default's events on the host-time bench); 1: the selection's own bound (the fewest events, a "
         "slightly later schedule).",
     )

@@ -10,8 +10,8 @@ request's knowledge changed since they were expanded, and a tree is a walk over 
 from the root, level by level, that dresses each node as this tree sees it (levels past the
 keyed-depth limit, and nodes the walk reaches with less than `min_reach`, are dead). The trees
 are exactly the ones a build from nothing gives: tests/test_plan_cache.py compares them node for
-node at every event. The nodes, and the last tree
-kept as counts and updated in place: presto_ray/plan_counts.py.
+node at every event. The nodes, and the last tree kept as counts and updated in place:
+presto_ray/plan_counts.py.
 """
 
 from __future__ import annotations
