@@ -88,5 +88,4 @@ def replayed(engine: Engine, curve: DeviceCurve, *, cache_block_size: int, max_r
         device=curve,
         max_running=max_running,
         speculation_batch=engine.free_batch,
-        resolve_in_batches=True,
     )

@@ -132,3 +132,41 @@ def test_the_toy_engine_gives_the_floats_of_one_token_at_a_time():
                         assert got == want, (seed, max_new, temperature, stop_at_eos, bound)
                         finishes.add(got.finish_reason)
     assert finishes == {"length", "stop", "rejected"}  # every way a completion ends was compared
+
+
+def test_the_toy_engine_decodes_a_batch_in_lockstep_with_the_completions_of_one_request_at_a_time():
+    import random
+
+    from presto_ray.early_rejection import RejectionBound
+    from presto_ray.engines.base import ProposalRequest
+    from presto_ray.engines.toy import ToyEngine
+
+    def batch(rng, bounded):
+        return [
+            ProposalRequest(
+                prompt_token_ids=tuple(rng.randrange(1, 64) for _ in range(rng.randrange(0, 4))),
+                prefix_token_ids=tuple(rng.randrange(0, 64) for _ in range(rng.randrange(0, 20))),
+                max_new_tokens=rng.choice((0, 1, 15, 16, 17, 40)),
+                temperature=rng.choice((0.25, 1.0, 0.0)),
+                seed=rng.randrange(10**6),
+                stop_at_eos=rng.random() < 0.7,
+                rejection_bounds=bounded if rng.random() < 0.2 else (),
+            )
+            for _ in range(rng.randrange(2, 12))
+        ]
+
+    bounded = (RejectionBound(alpha=4.0, log_accept_uniform=-0.1, cut=4, current_weight=30.0, current_cut_log_prob=-3.0),)
+    rng = random.Random(0)
+    finishes, sizes = set(), []
+    for _ in range(150):
+        requests = batch(rng, bounded)
+        together, one_at_a_time = ToyEngine(vocab_size=64, eos_token_id=0, seed=1, logit_scale=4.0, eos_bias=-1.0), ToyEngine(
+            vocab_size=64, eos_token_id=0, seed=1, logit_scale=4.0, eos_bias=-1.0
+        )
+        got = together.generate(requests)  # the unbounded ones in lockstep, the bounded one at a time
+        want = [one_at_a_time.generate([request]).completions[0] for request in requests]  # the same prefix cache, in order
+        assert got.completions == want
+        assert got.accounting.generated_tokens == sum(len(c.token_ids) for c in want)
+        finishes |= {c.finish_reason for c in want}
+        sizes.append(sum(not r.rejection_bounds for r in requests))
+    assert finishes == {"length", "stop", "rejected"} and max(sizes) > 5

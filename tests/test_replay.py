@@ -1,10 +1,9 @@
-"""A real engine replayed on a measured device (bench/replay.py), on the toy engine: the virtual
-clock that resolves requests in batches gives the clock that resolves them one at a time, the
+"""A real engine replayed on a measured device (bench/replay.py), on the toy engine: the
 remembering engine computes each request once and charges the prefix cache a real engine would
-have had, and `bench-real --chains --device-curve` reports virtual seconds with serial's samples."""
+have had, and `bench-real --chains --device-curve` reports virtual seconds with serial's samples.
+(The clock's one model call per step: tests/test_virtual_clock.py.)"""
 
 import json
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -14,58 +13,10 @@ from presto_ray.cli import main
 from presto_ray.config import SamplerConfig
 from presto_ray.driver import sample_many
 from presto_ray.engines.base import ProposalRequest
-from presto_ray.engines.device_curve import DeviceCurve
 from presto_ray.engines.toy import ToyEngine
-from presto_ray.engines.virtual_clock import VirtualClockEngine
+from test_virtual_clock import CURVE, PEAKED, CountingToy
 
-PEAKED = dict(vocab_size=48, eos_token_id=0, seed=5, logit_scale=4.0, eos_bias=-2.0)
-CURVE = DeviceCurve(
-    source="a test curve", batch_sizes=(1, 8, 32), step_time_s=(0.05, 0.07, 0.13),
-    prefill_time_per_token_s=0.004, host_time_per_event_s=0.0005,
-)  # fmt: skip
 TOY_YAML = str(Path(__file__).resolve().parent.parent / "configs" / "toy.yaml")
-
-
-class CountingToy(ToyEngine):
-    def __init__(self) -> None:
-        super().__init__(**PEAKED)
-        self.calls: list[int] = []
-
-    def generate(self, requests):
-        self.calls.append(len(requests))
-        return super().generate(requests)
-
-
-@pytest.mark.parametrize("schedule", ["rounds", "streaming"])
-@pytest.mark.parametrize("early_rejection", [False, True])
-def test_resolving_in_batches_gives_the_clock_of_one_call_a_request(schedule, early_rejection):
-    config = SamplerConfig(block_size=16, mh_steps=6, prefetch_budget=6, schedule=schedule, early_rejection=early_rejection)
-    prompts = [[3, 4, 5 + c] for c in range(6)]
-    configs = [config.model_copy(update={"seed": c}) for c in range(6)]
-    runs = []
-    for batches in (False, True):
-        model = CountingToy()
-        engine = VirtualClockEngine(model, device=CURVE, max_running=8, resolve_in_batches=batches)
-        results, _ = sample_many(engine, prompts, configs)
-        clock = engine.clock
-        runs.append(([r.token_ids for r in results], [replace(r.stats, wall_time_s=0.0) for r in results], clock.time, clock.decode_steps,
-                     clock.generated_tokens, clock.aborted_requests, engine.accounting(), model.calls))  # fmt: skip
-    one_by_one, batched = runs
-    assert batched[:7] == one_by_one[:7]
-    assert set(one_by_one[7]) == {1} and max(batched[7]) > 1 and len(batched[7]) < len(one_by_one[7])
-
-
-def test_an_unresolved_request_can_be_woken_bounded_and_aborted_before_it_runs():
-    engine = VirtualClockEngine(ToyEngine(**PEAKED), resolve_in_batches=True)
-    request = ProposalRequest((3, 4), (), 12, 0.25, seed=1, stop_at_eos=False)
-    kept, dropped = engine.submit(request), engine.submit(ProposalRequest((3, 4), (), 12, 0.25, seed=2))
-    engine.wake_at(kept, 5)
-    assert engine.partial_tokens(kept) == () and engine.live_handles() == {kept, dropped} and engine.busy
-    engine.abort(dropped)
-    assert engine.clock.aborted_requests == 1 and engine.live_handles() == {kept}
-    events = engine.advance()
-    assert [(e.handle, e.generated, e.completion) for e in events] == [(kept, 5, None)]
-    assert len(engine.partial_tokens(kept)) == 5
 
 
 def test_the_remembering_engine_computes_a_request_once_and_keeps_a_prefix_cache():

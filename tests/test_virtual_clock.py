@@ -4,7 +4,9 @@ abort, fork points."""
 import pytest
 
 from presto_ray.engines.base import ProposalRequest
+from presto_ray.engines.device_curve import DeviceCurve
 from presto_ray.engines.toy import ToyEngine
+from presto_ray.engines.virtual_clock import VirtualClockEngine
 
 
 def request(tokens: int, seed: int = 0) -> ProposalRequest:
@@ -212,3 +214,86 @@ def test_load_bench_rows_carry_saturation_and_the_serial_samples(tmp_path):
     assert "n_sat" in format_load_report(rows)
     plot_load(rows, tmp_path / "load.png")
     assert (tmp_path / "load.png").stat().st_size > 0
+
+
+# --- one model call per step: requests run from their submission, computed at the next advance --
+PEAKED = dict(vocab_size=48, eos_token_id=0, seed=5, logit_scale=4.0, eos_bias=-2.0)
+CURVE = DeviceCurve(
+    source="a test curve", batch_sizes=(1, 8, 32), step_time_s=(0.05, 0.07, 0.13),
+    prefill_time_per_token_s=0.004, host_time_per_event_s=0.0005,
+)  # fmt: skip
+
+
+class CountingToy(ToyEngine):
+    def __init__(self) -> None:
+        super().__init__(**PEAKED)
+        self.calls: list[int] = []
+
+    def generate(self, requests):
+        self.calls.append(len(requests))
+        return super().generate(requests)
+
+
+class ComputedAtSubmission(VirtualClockEngine):
+    """The reference: each request's completion computed as it is submitted, one model call each."""
+
+    def submit(self, request, priority=0.0):
+        handle = super().submit(request, priority)
+        self._compute()
+        return handle
+
+
+@pytest.mark.parametrize("schedule", ["rounds", "streaming"])
+@pytest.mark.parametrize("early_rejection", [False, True])
+def test_one_model_call_per_step_gives_the_clock_of_computing_each_request_at_submission(schedule, early_rejection):
+    from dataclasses import replace
+
+    from presto_ray.config import SamplerConfig
+    from presto_ray.driver import sample_many
+    config = SamplerConfig(block_size=16, mh_steps=6, prefetch_budget=6, schedule=schedule, early_rejection=early_rejection)
+    prompts = [[3, 4, 5 + c] for c in range(6)]
+    configs = [config.model_copy(update={"seed": c}) for c in range(6)]
+    runs = []
+    for kind in (ComputedAtSubmission, VirtualClockEngine):
+        model = CountingToy()
+        engine = kind(model, device=CURVE, max_running=8)
+        results, _ = sample_many(engine, prompts, configs)
+        runs.append(([r.token_ids for r in results], [replace(r.stats, wall_time_s=0.0) for r in results], engine.clock,
+                     engine.accounting(), model.calls))  # fmt: skip
+    one_by_one, per_step = runs
+    assert per_step[:4] == one_by_one[:4]  # samples, statistics, every clock figure, the accounting
+    assert set(one_by_one[4]) == {1} and max(per_step[4]) > 1 and len(per_step[4]) < len(one_by_one[4])
+
+
+def test_a_request_not_computed_yet_can_be_woken_bounded_and_aborted_as_a_computed_one():
+    import math
+
+    from presto_ray.early_rejection import RejectionBound
+
+    stopping = (RejectionBound(alpha=4.0, log_accept_uniform=math.log(0.9), cut=4, current_weight=30.0, current_cut_log_prob=-3.0),)
+    stopped_at = []
+
+    def run(kind):
+        engine = kind(ToyEngine(**PEAKED))
+        kept = engine.submit(ProposalRequest((3, 4), (), 12, 0.25, seed=1, stop_at_eos=False))
+        dropped = engine.submit(ProposalRequest((3, 4), (), 12, 0.25, seed=2))
+        bounded = engine.submit(ProposalRequest((3, 4), (), 12, 0.25, seed=3, stop_at_eos=False))
+        engine.wake_at(kept, 5)
+        # asked in this order, the wake point lies past where the first bounds stop the request:
+        # it is dropped then, and lifting the bounds does not bring it back
+        engine.set_rejection_bounds(bounded, stopping)
+        stopped_at.append(len(engine._find(bounded).completion.token_ids) if engine._find(bounded).completion else None)
+        engine.wake_at(bounded, 6)
+        engine.set_rejection_bounds(bounded, ())
+        before = (engine.partial_tokens(kept), engine.live_handles() == {kept, dropped, bounded}, engine.busy)
+        engine.abort(dropped)
+        after_abort = (engine.clock.aborted_requests, engine.live_handles() == {kept, bounded})
+        return before, after_abort, drain(engine), engine.clock, engine.accounting()
+
+    reference, per_step = run(ComputedAtSubmission), run(VirtualClockEngine)
+    assert stopped_at[0] is not None and stopped_at[0] < 6 and stopped_at[1] is None  # the case the order decides, computed late
+    assert per_step == reference
+    before, after_abort, events, clock, _ = per_step
+    assert before == ((), True, True) and after_abort == (1, True)
+    assert [(e.generated, e.completion is None) for e in events if e.handle == 0] == [(5, True), (12, False)]
+    assert [e.generated for e in events if e.handle == 2] == [12]  # no event at 6: it was dropped when asked

@@ -4,6 +4,10 @@ Its next-token logits depend on the whole context (a bigram table plus a row pic
 hash of every token so far), so probabilities are exact and enumerable. Sampling is Gumbel-max
 with noise drawn from a generator seeded by the request's seed, one row per generated position:
 the completion is a deterministic function of (seed, context), and exact under q_tau.
+
+A call's requests without rejection bounds decode in lockstep, as a device decodes a batch: one
+array operation per token position for all of them (`_complete_together`); a request with bounds
+decodes alone (`_complete`), stopping once they reject. Both give the same tokens and floats.
 """
 
 from __future__ import annotations
@@ -30,10 +34,29 @@ _HASH_MOD = (1 << 61) - 1
 # a request that stops early leaves unused; its generator is its own, so they change nothing).
 _NOISE_ROWS = 16
 
+# At most this many requests decode in one lockstep batch (its logits are kept until its stats).
+_LOCKSTEP_REQUESTS = 256
+
 
 def _log_softmax(z: np.ndarray) -> np.ndarray:
     m = z.max()
     return z - (m + np.log(np.exp(z - m).sum()))
+
+
+def _token_stats(
+    z: np.ndarray, picked: tuple[np.ndarray, list[int]], inv_tau: float | np.ndarray | None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """log p0 of each row's picked token, the entropy of p0 per row, and log q_tau of the picked
+    token (`inv_tau`: 1 / tau, one for all rows or a column of one per row; None: greedy, log q
+    0), for rows of logits `z`. Row by row the float operations of `_log_softmax`: numpy reduces
+    each row of a contiguous array as it does a lone row."""
+    lp = z - (z.max(axis=1) + np.log(np.exp(z - z.max(axis=1, keepdims=True)).sum(axis=1)))[:, None]
+    entropy = -(np.exp(lp) * lp).sum(axis=1)
+    if inv_tau is None:
+        return lp[picked], entropy, np.zeros(len(z))
+    zq = z * inv_tau
+    top = zq.max(axis=1)
+    return lp[picked], entropy, zq[picked] - (top + np.log(np.exp(zq - top[:, None]).sum(axis=1)))
 
 
 class ToyEngine:
@@ -166,17 +189,7 @@ class ToyEngine:
                     finish = "stop"
                     break
             count = len(chunk)
-            z = logits[:count]
-            at = (np.arange(count), chunk)
-            lp = z - (z.max(axis=1) + np.log(np.exp(z - z.max(axis=1, keepdims=True)).sum(axis=1)))[:, None]
-            chunk_logp0 = lp[at]
-            chunk_entropy = -(np.exp(lp) * lp).sum(axis=1)
-            if greedy:
-                chunk_logq = np.zeros(count)
-            else:
-                zq = z * inv_tau
-                top = zq.max(axis=1)
-                chunk_logq = zq[at] - (top + np.log(np.exp(zq - top[:, None]).sum(axis=1)))
+            chunk_logp0, chunk_entropy, chunk_logq = _token_stats(logits[:count], (np.arange(count), chunk), None if greedy else inv_tau)
             if stops:
                 # not after an EOS token (the walk never asks beyond it)
                 for i in range(count - (finish == "stop")):
@@ -194,6 +207,82 @@ class ToyEngine:
         return Completion(
             tuple(tokens), np.concatenate(logp0_parts), np.concatenate(logq_parts), finish, entropy=np.concatenate(entropy_parts)
         )
+
+    def _complete_together(self, requests: Sequence[ProposalRequest], hashes: Sequence[int]) -> list[Completion]:
+        """The completions of requests without rejection bounds (`hashes`: their contexts'),
+        decoded in lockstep as a device decodes a batch: each step draws the next token of every
+        unfinished request in one array operation over the batch's rows, and the statistics of
+        every token follow in one operation at the end. The same tokens and floats as `_complete`
+        one request at a time: a row of a batched operation is the lone row's operation, each
+        request draws its noise from its own generator in the same chunks, and a greedy row (no
+        noise, 1 / tau taken as 1) picks the argmax of its logits."""
+        vocab, count = self.vocab_size, len(requests)
+        bigram, table, scale = self._bigram, self._context, self.logit_scale
+        rows = len(table)
+        limits = [request.max_new_tokens for request in requests]
+        eos = [self.eos_token_id if request.stop_at_eos else None for request in requests]
+        greedy = [request.temperature == 0.0 for request in requests]
+        generators = [None if g else np.random.default_rng(request.seed) for g, request in zip(greedy, requests)]
+        inv_tau = np.array([1.0 if g else 1.0 / request.temperature for g, request in zip(greedy, requests)])
+        # the unfinished requests (`active`, by index), each one's row in this step's arrays
+        active = [i for i in range(count) if limits[i] > 0]
+        lasts = np.array([requests[i].context_token_ids[-1] if requests[i].context_token_ids else vocab for i in active], dtype=np.intp)
+        states = [hashes[i] for i in active]
+        ends = min((limits[i] for i in active), default=0)  # the first step where a request reaches its limit
+        step_logits: list[np.ndarray] = []  # each step's rows of logits, and whose they are
+        step_owners: list[list[int]] = []
+        step_tokens: list[list[int]] = []
+        finishes: list[FinishReason] = ["length"] * count
+        noise = np.zeros((0, 0, vocab))
+        position = 0
+        while active:
+            at = position % _NOISE_ROWS
+            if at == 0:  # each request's next chunk of noise, as `_complete` draws it
+                noise = np.zeros((_NOISE_ROWS, len(active), vocab))
+                for row, i in enumerate(active):
+                    generator = generators[i]
+                    if generator is not None:
+                        size = min(_NOISE_ROWS, limits[i] - position)
+                        noise[:size, row] = generator.gumbel(size=(size, vocab))
+                active_inv_tau = inv_tau[active][:, None]
+            z = scale * (bigram[lasts] + table[[state % rows for state in states]])
+            choice = (z * active_inv_tau + noise[at]).argmax(axis=1)
+            picks = choice.tolist()
+            step_logits.append(z)
+            step_owners.append(active)
+            step_tokens.append(picks)
+            states = [(state * _HASH_MULT + token + 1) % _HASH_MOD for state, token in zip(states, picks)]  # `_push`
+            lasts = choice
+            position += 1
+            if position == ends or self.eos_token_id in picks:  # some request may end here
+                kept = [row for row, (i, token) in enumerate(zip(active, picks)) if token != eos[i] and position < limits[i]]
+                for row, (i, token) in enumerate(zip(active, picks)):
+                    if token == eos[i]:
+                        finishes[i] = "stop"
+                if len(kept) < len(active):
+                    active = [active[row] for row in kept]
+                    states = [states[row] for row in kept]
+                    lasts, noise, active_inv_tau = lasts[kept], noise[:, kept], active_inv_tau[kept]
+                    ends = min((limits[i] for i in active), default=0)
+        if not step_logits:
+            return [Completion((), np.zeros(0), np.zeros(0), "length", entropy=np.zeros(0)) for _ in requests]
+        owners = np.array([i for owner in step_owners for i in owner])
+        tokens = [token for picks in step_tokens for token in picks]
+        logp0, entropy, logq = _token_stats(np.concatenate(step_logits), (np.arange(len(tokens)), tokens), inv_tau[owners][:, None])
+        logq[np.array(greedy)[owners]] = 0.0  # argmax decoding: q puts all its mass on one token
+        # rows are in step order: each request's, in order, are where a stable sort by owner puts them
+        order = np.argsort(owners, kind="stable")
+        lengths = np.bincount(owners, minlength=count).tolist()
+        logp0, entropy, logq = logp0[order], entropy[order], logq[order]
+        ordered_tokens = np.array(tokens)[order].tolist()
+        completions, start = [], 0
+        for i, n in enumerate(lengths):
+            stop = start + n
+            completions.append(
+                Completion(tuple(ordered_tokens[start:stop]), logp0[start:stop], logq[start:stop], finishes[i], entropy=entropy[start:stop])
+            )
+            start = stop
+        return completions
 
     @property
     def free_batch(self) -> float:
@@ -234,18 +323,28 @@ class ToyEngine:
     def _generate(self, requests: Sequence[ProposalRequest]) -> EngineOutput:
         start = time.perf_counter()
         accounting = CallAccounting(calls=1, num_requests=len(requests))
+        # the context's rolling hash once: its cache blocks, its completion's start, the
+        # completion's blocks after it
+        contexts = [self._block_hashes(request.context_token_ids) for request in requests]
+        decoded: dict[int, Completion] = {}
+        together = [i for i, request in enumerate(requests) if not request.rejection_bounds]
+        if len(together) > 1:
+            for group in range(0, len(together), _LOCKSTEP_REQUESTS):
+                indices = together[group : group + _LOCKSTEP_REQUESTS]
+                decoded.update(zip(indices, self._complete_together([requests[i] for i in indices], [contexts[i][1] for i in indices])))
         completions = []
-        for request in requests:
-            context = request.context_token_ids
-            # the context's rolling hash once: its cache blocks, its completion's start, the
-            # completion's blocks after it
-            blocks, h = self._block_hashes(context)
+        for i, request in enumerate(requests):
+            completion = decoded.get(i)
+            if completion is None:
+                completion = self._complete(request, contexts[i][1])
+            blocks, h = contexts[i]
             cached = self._cached_prefix_tokens(blocks)
-            completion = replace(self._complete(request, h), cached_prompt_tokens=cached)
-            accounting.prompt_tokens += len(context)
+            completion = replace(completion, cached_prompt_tokens=cached)
+            context_length = len(request.context_token_ids)
+            accounting.prompt_tokens += context_length
             accounting.cached_prompt_tokens += cached
             accounting.generated_tokens += len(completion.token_ids)
-            self._remember(blocks + self._block_hashes(completion.token_ids, h, len(context))[0])
+            self._remember(blocks + self._block_hashes(completion.token_ids, h, context_length)[0])
             completions.append(completion)
         delay = self.call_latency_s + self.token_latency_s * accounting.generated_tokens
         if delay > 0:
@@ -260,7 +359,7 @@ class ToyEngine:
         hashes = []
         block = self._cache_block
         for i, t in enumerate(token_ids, offset + 1):
-            h = self._push(h, int(t))
+            h = (h * _HASH_MULT + int(t) + 1) % _HASH_MOD  # `_push`, inlined: it runs over every context
             if i % block == 0:
                 hashes.append(h)
         return hashes, h

@@ -26,10 +26,12 @@ the prompt tokens a request does not read from the prefix cache cost `prefill_ti
 in the next step, and every event handed to a chain (or, in a batch call, every completion)
 costs the host `host_time_per_event_s`.
 
-`resolve_in_batches`: a request's completion is computed at the next `advance`, with every other
-request submitted since, in one call of the model (not one call per request): for a model whose
-calls cost real time (a real engine replayed on a measured device). Figures are the same but for
-`max_live`, which counts a request once it is resolved.
+A request runs (or waits) from its submission, but its completion is computed at the next
+`advance`, with every other request submitted since, in one call of the model, as a device
+decodes a batch: the toy decodes them in lockstep, and a real engine replayed on a measured device
+makes one call per step. What a chain asked of a request before then (its wake points, new bounds)
+is applied when it is computed, in the order asked, so every figure is that of computing each
+request at its submission.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ import asyncio
 import heapq
 import itertools
 from dataclasses import dataclass, field, replace
-from typing import Sequence
+from typing import Sequence, cast
 
 from presto_ray.early_rejection import RejectionBound, RequestStop
 from presto_ray.engines.device_curve import DeviceCurve
@@ -50,25 +52,24 @@ from presto_ray.speculation import free_batch
 class _Sequence:
     handle: int
     request: ProposalRequest
-    completion: Completion  # what the request reveals: `full`, or its first tokens when its bounds stop it
     priority: float
-    full: Completion
+    # what the request reveals: `full`, or its first tokens when its bounds stop it (None: not
+    # computed yet, at most until the next `advance`; it has generated nothing)
+    completion: Completion | None = None
+    full: Completion | None = None
     generated: int = 0
     wakes: set[int] = field(default_factory=set)  # token counts someone waits for (forks)
+    until: int = 0  # its next event: the token count where it ends or the first of `wakes` (once computed)
+    # before it is computed: the wake points and bounds asked of it, in order
+    deferred: list[int | Sequence[RejectionBound]] = field(default_factory=list)
 
     @property
     def remaining(self) -> int:
-        return len(self.completion.token_ids) - self.generated
+        return len(self.completion.token_ids) - self.generated  # type: ignore[union-attr]
 
-
-@dataclass
-class _Unresolved:
-    """A request submitted in batch-resolving mode whose completion is not computed yet."""
-
-    request: ProposalRequest
-    priority: float
-    bounds: Sequence[RejectionBound]
-    wakes: set[int] = field(default_factory=set)
+    def plan_next_event(self) -> None:
+        """Set `until` after its completion or wakes changed."""
+        self.until = min(len(self.completion.token_ids), *self.wakes) if self.wakes else len(self.completion.token_ids)  # type: ignore[union-attr]
 
 
 @dataclass
@@ -102,7 +103,6 @@ class VirtualClockEngine:
         seconds_per_time_unit: float = 0.0,
         device: DeviceCurve | None = None,
         speculation_batch: float | None = None,
-        resolve_in_batches: bool = False,
     ) -> None:
         if not saturation > 0:
             raise ValueError(f"saturation must be positive (inf: a batch free at any size), got {saturation}")
@@ -128,63 +128,73 @@ class VirtualClockEngine:
         self._finished: list[EngineEvent] = []  # ended at submission (no tokens to generate)
         self._calls = 0
         self._submitted = CallAccounting()  # requests and prompt tokens (streaming makes no calls)
-        self.resolve_in_batches = resolve_in_batches
-        self._unresolved: dict[int, _Unresolved] = {}  # batch-resolving mode: submitted, not computed yet
+        self._uncomputed: list[_Sequence] = []  # submitted since the last model call, in order (aborted ones too)
 
     # --- streaming -------------------------------------------------------------------------
     def submit(self, request: ProposalRequest, priority: float = 0.0) -> int:
-        handle = next(self._handles)
-        if self.resolve_in_batches:
-            self._unresolved[handle] = _Unresolved(request, priority, request.rejection_bounds)
+        seq = _Sequence(next(self._handles), request, priority)
+        self._uncomputed.append(seq)
+        if request.max_new_tokens == 0:
+            self._compute()  # it ends at once, with nothing to run: computed now, it is never live
+        if seq.completion is not None and seq.remaining == 0:
+            self._finished.append(EngineEvent(seq.handle, 0, seq.completion))
+        elif self.max_running is None or len(self._running) < self.max_running:
+            self._running[seq.handle] = seq
         else:
-            self._resolve({handle: _Unresolved(request, priority, request.rejection_bounds)})
-        return handle
+            heapq.heappush(self._waiting, (priority, next(self._order), seq))
+        self.clock.max_live = max(self.clock.max_live, len(self._running) + len(self._waiting))
+        return seq.handle
 
-    def _resolve(self, pending: dict[int, _Unresolved]) -> None:
-        """Compute the completions of `pending` in one model call and place each request."""
+    def _compute(self) -> None:
+        """Compute the completions of the requests submitted since the last call, in one model
+        call, and apply to each what was asked of it meanwhile, in order."""
+        pending, self._uncomputed = self._uncomputed, []
         if not pending:
             return
         # the whole proposals, so that bounds set later can stop them anywhere (a prefix of each)
-        output = self.model.generate([replace(p.request, rejection_bounds=()) for p in pending.values()])
+        output = self.model.generate([replace(seq.request, rejection_bounds=()) for seq in pending])
         self._submitted.num_requests += len(pending)
         self._submitted.prompt_tokens += output.accounting.prompt_tokens
         self._submitted.cached_prompt_tokens += output.accounting.cached_prompt_tokens
         self._prefill_tokens += output.accounting.prompt_tokens - output.accounting.cached_prompt_tokens
-        for (handle, p), full in zip(pending.items(), output.completions):
-            seq = _Sequence(handle, p.request, _stopped(full, p.bounds, 0), p.priority, full)
-            seq.wakes = {w for w in p.wakes if w < len(seq.completion.token_ids)}
-            if seq.remaining == 0:
-                self._finished.append(EngineEvent(seq.handle, 0, seq.completion))
-            elif self.max_running is None or len(self._running) < self.max_running:
-                self._running[seq.handle] = seq
-            else:
-                heapq.heappush(self._waiting, (p.priority, next(self._order), seq))
-            self.clock.max_live = max(self.clock.max_live, len(self._running) + len(self._waiting))
+        for seq, full in zip(pending, output.completions):
+            if not full.token_ids and seq.request.max_new_tokens:
+                # it ran from its submission: only an empty completion could have ended it there
+                raise RuntimeError(f"{type(self.model).__name__} returned no token for a request of max_new_tokens > 0")
+            seq.full = full
+            seq.completion = _stopped(full, seq.request.rejection_bounds, 0)
+            for asked in seq.deferred:  # as `wake_at` and `set_rejection_bounds` take them with nothing generated
+                if isinstance(asked, int):
+                    if asked < len(seq.completion.token_ids):
+                        seq.wakes.add(asked)
+                else:
+                    seq.completion = _stopped(full, asked, 0)  # never empty: a bound rejects after a token at the earliest
+            seq.deferred = []
+            seq.plan_next_event()
 
     def wake_at(self, handle: int, generated: int) -> None:
         """Report an event when `handle` has generated `generated` tokens (a fork point)."""
-        unresolved = self._unresolved.get(handle)
-        if unresolved is not None:
-            if generated > 0:
-                unresolved.wakes.add(generated)
-            return
         seq = self._find(handle)
         if seq is None:
+            return
+        if seq.completion is None:
+            if generated > 0:
+                seq.deferred.append(generated)
             return
         if seq.generated >= generated > 0:  # it has them (asked by a chain that had not heard): at once
             self._finished.append(EngineEvent(handle, seq.generated))
         elif seq.generated < generated < len(seq.completion.token_ids):
             seq.wakes.add(generated)
+            seq.plan_next_event()
 
     def partial_tokens(self, handle: int) -> tuple[int, ...]:
         """The tokens `handle` has generated so far (final: a proposal never rewrites them)."""
         seq = self._find(handle)
-        return seq.completion.token_ids[: seq.generated] if seq is not None else ()
+        return seq.completion.token_ids[: seq.generated] if seq is not None and seq.completion is not None else ()
 
     def abort(self, handle: int) -> None:
-        if self._unresolved.pop(handle, None) is not None:
-            self.clock.aborted_requests += 1  # before it generated anything
-            return
+        # a request not computed yet still is at the next model call: the model's prefix cache
+        # sees every request, as it did when each was computed at its submission
         seq = self._running.pop(handle, None)
         if seq is None:
             waiting = [entry for entry in self._waiting if entry[2].handle == handle]
@@ -200,14 +210,14 @@ class VirtualClockEngine:
     def set_rejection_bounds(self, handle: int, bounds: Sequence[RejectionBound]) -> None:
         """Replace the bounds of a live request: it now stops once these reject its tokens, at once
         if they reject what it has generated already (unknown or ended handles are ignored)."""
-        unresolved = self._unresolved.get(handle)
-        if unresolved is not None:
-            unresolved.bounds = bounds
-            return
         seq = self._find(handle)
         if seq is None:
             return
+        if seq.full is None:
+            seq.deferred.append(tuple(bounds))
+            return
         seq.completion = _stopped(seq.full, bounds, seq.generated)
+        seq.plan_next_event()
         if seq.remaining == 0:  # stopped by what it has generated: it ends now
             if self._running.pop(handle, None) is None:
                 self._waiting = [entry for entry in self._waiting if entry[2].handle != handle]
@@ -238,22 +248,21 @@ class VirtualClockEngine:
 
     def live_handles(self) -> set[int]:
         """Requests running or waiting (aborted and finished ones are gone)."""
-        return set(self._running) | {entry[2].handle for entry in self._waiting} | set(self._unresolved)
+        return set(self._running) | {entry[2].handle for entry in self._waiting}
 
     @property
     def busy(self) -> bool:
-        return bool(self._running or self._waiting or self._finished or self._unresolved)
+        return bool(self._running or self._waiting or self._finished)
 
     def advance(self) -> list[EngineEvent]:
         """Run decode steps up to the next completion or wake point; the events that happened."""
-        pending, self._unresolved = self._unresolved, {}
-        self._resolve(pending)
+        self._compute()
         if self._finished:
             events, self._finished = self._finished, []
             return self._handed(events)
         if not self._running:
             return []
-        steps = min(min([s.remaining, *(w - s.generated for w in s.wakes)]) for s in self._running.values())
+        steps = min([s.until - s.generated for s in self._running.values()])
         running = len(self._running)
         self.clock.decode_steps += steps
         self.clock.time += steps * self.step_time(running)
@@ -265,12 +274,16 @@ class VirtualClockEngine:
         events = []
         for seq in list(self._running.values()):
             seq.generated += steps
+            if seq.generated < seq.until:
+                continue
             if seq.remaining == 0:
                 del self._running[seq.handle]
-                self.clock.early_stopped_requests += seq.completion.stopped_early
-                events.append(EngineEvent(seq.handle, seq.generated, seq.completion))
+                completion = cast(Completion, seq.completion)  # computed: a step computes first
+                self.clock.early_stopped_requests += completion.stopped_early
+                events.append(EngineEvent(seq.handle, seq.generated, completion))
             elif seq.generated in seq.wakes:
                 seq.wakes = {w for w in seq.wakes if w > seq.generated}
+                seq.plan_next_event()
                 events.append(EngineEvent(seq.handle, seq.generated))
         self._admit()
         return self._handed(events)
@@ -295,6 +308,7 @@ class VirtualClockEngine:
 
     def accounting(self) -> CallAccounting:
         """Requests submitted and tokens decoded so far (`calls` counts `generate` calls only)."""
+        self._compute()
         return CallAccounting(
             calls=self._calls,
             num_requests=self._submitted.num_requests,
