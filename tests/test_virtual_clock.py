@@ -297,3 +297,18 @@ def test_a_request_not_computed_yet_can_be_woken_bounded_and_aborted_as_a_comput
     assert before == ((), True, True) and after_abort == (1, True)
     assert [(e.generated, e.completion is None) for e in events if e.handle == 0] == [(5, True), (12, False)]
     assert [e.generated for e in events if e.handle == 2] == [12]  # no event at 6: it was dropped when asked
+
+
+def test_a_request_its_model_refuses_ends_at_the_next_step_with_the_models_error():
+    engine = VirtualClockEngine(CountingToy(), max_running=1)
+    refused = engine.submit(ProposalRequest(("not a token",), (), 8, 1.0, seed=1))  # the toy cannot hash it
+    fine = engine.submit(ProposalRequest((5, 6), (), 8, 1.0, seed=1, stop_at_eos=False))
+    aborted = engine.submit(ProposalRequest(("nor this",), (), 8, 1.0, seed=2))
+    engine.abort(aborted)
+    assert engine.live_handles() == {refused, fine}  # it runs from its submission, as every request
+    first = engine.advance()
+    assert [(e.handle, type(e.error)) for e in first] == [(refused, ValueError)]  # the aborted one just goes
+    assert engine.live_handles() == {fine}  # its slot went to the waiting request
+    events = drain(engine)
+    assert [(e.handle, len(e.completion.token_ids)) for e in events] == [(fine, 8)]
+    assert engine.model.calls == [3, 1, 1, 1] and engine.accounting().num_requests == 1

@@ -87,9 +87,9 @@ class ClockStats:
 class VirtualClockEngine:
     """A ToyEngine behind a continuous-batching scheduler on a virtual clock (see module doc).
 
-    `model` computes each completion at submission (it must be a pure function of the request, as
-    the toy's is); the clock only decides when its tokens are revealed. Events never carry errors:
-    requests are refused at submission.
+    `model` computes each completion (it must be a pure function of the request, as the toy's
+    is); the clock only decides when its tokens are revealed. A request the model refuses ends at
+    the next step with an event that carries the model's error.
     """
 
     def __init__(
@@ -152,12 +152,25 @@ class VirtualClockEngine:
         if not pending:
             return
         # the whole proposals, so that bounds set later can stop them anywhere (a prefix of each)
-        output = self.model.generate([replace(seq.request, rejection_bounds=()) for seq in pending])
-        self._submitted.num_requests += len(pending)
-        self._submitted.prompt_tokens += output.accounting.prompt_tokens
-        self._submitted.cached_prompt_tokens += output.accounting.cached_prompt_tokens
-        self._prefill_tokens += output.accounting.prompt_tokens - output.accounting.cached_prompt_tokens
-        for seq, full in zip(pending, output.completions):
+        requests = [replace(seq.request, rejection_bounds=()) for seq in pending]
+        try:
+            outputs = [self.model.generate(requests)]
+            computed = list(zip(pending, outputs[0].completions))
+        except Exception:  # a request the model refuses fails the call: each alone then
+            outputs, computed = [], []
+            for seq, request in zip(pending, requests):
+                try:
+                    outputs.append(self.model.generate([request]))
+                except Exception as error:
+                    self._refuse(seq, error)
+                    continue
+                computed.append((seq, outputs[-1].completions[0]))
+        for output in outputs:
+            self._submitted.num_requests += output.accounting.num_requests
+            self._submitted.prompt_tokens += output.accounting.prompt_tokens
+            self._submitted.cached_prompt_tokens += output.accounting.cached_prompt_tokens
+            self._prefill_tokens += output.accounting.prompt_tokens - output.accounting.cached_prompt_tokens
+        for seq, full in computed:
             if not full.token_ids and seq.request.max_new_tokens:
                 # it ran from its submission: only an empty completion could have ended it there
                 raise RuntimeError(f"{type(self.model).__name__} returned no token for a request of max_new_tokens > 0")
@@ -171,6 +184,18 @@ class VirtualClockEngine:
                     seq.completion = _stopped(full, asked, 0)  # never empty: a bound rejects after a token at the earliest
             seq.deferred = []
             seq.plan_next_event()
+
+    def _refuse(self, seq: _Sequence, error: Exception) -> None:
+        """`seq`'s model refused it: it ends with that error, having generated nothing (an
+        aborted one just goes)."""
+        if self._running.pop(seq.handle, None) is None:
+            waiting = [entry for entry in self._waiting if entry[2].handle != seq.handle]
+            if len(waiting) == len(self._waiting):
+                return  # aborted
+            self._waiting = waiting
+            heapq.heapify(self._waiting)
+        self._finished.append(EngineEvent(seq.handle, 0, error=error))
+        self._admit()
 
     def wake_at(self, handle: int, generated: int) -> None:
         """Report an event when `handle` has generated `generated` tokens (a fork point)."""
