@@ -214,3 +214,48 @@ def test_the_events_per_advance_figures_in_streaming_md_are_the_measured_ones():
         assert len({run["digest"] for run in runs}) == 1
         assert f"{walls(runs, 'base')} s at base against {walls(runs, 'head')} s" in doc or \
             f"{walls(runs, 'base')} s against {walls(runs, 'head')} s" in doc
+
+
+def test_the_lockstep_figures_in_streaming_md_are_the_measured_ones():
+    """docs/streaming.md's eighth pass and benchmarks.md's latest paragraph: the host-time table,
+    the toy's CPU, its calls and the plan's node counts against bench/results/toy_lockstep.json
+    (every run the same samples, the fingerprint unchanged)."""
+    doc = " ".join((REPO / "docs" / "streaming.md").read_text().split())
+    latest = " ".join((REPO / "docs" / "benchmarks.md").read_text().split())
+    report = json.loads((REPO / "bench" / "results" / "toy_lockstep.json").read_text())
+    runs = report["host_time"]["runs"]
+    assert [run["side"] for run in runs] == ["base", "head"] * 5
+    _assert_host_table(doc, runs, with_tokens=True)
+    fingerprint = report["fingerprint"]
+    assert fingerprint["base"] == fingerprint["head"] and f"gives {fingerprint['head']} before and after" in doc
+
+    def spread(setting: str, side: str, value) -> str:
+        values = sorted(value(run["rows"][setting]) for run in runs if run["side"] == side)
+        return f"{values[0]:.2f}-{values[-1]:.2f}"
+
+    def engine(row: dict) -> float:
+        return row["engine_s"]
+
+    def control(row: dict) -> float:
+        return row["cpu_s"] - row["engine_s"]
+
+    def cpu(row: dict) -> float:
+        return row["cpu_s"]
+
+    for setting, words in (("streaming", "streaming {base} s at base against {head} s"),
+                           ("streaming + early rejection", "with early rejection {base} against {head} s"),
+                           ("serial", "serial {base} against {head} s")):  # fmt: skip
+        assert words.format(base=spread(setting, "base", engine), head=spread(setting, "head", engine)) in doc, setting
+    assert f"(streaming {spread('streaming', 'base', control)} s at base, {spread('streaming', 'head', control)} s at head)" in doc
+    assert (f"take {spread('streaming', 'head', engine)} s instead of {spread('streaming', 'base', engine)} s, and streaming runs in "
+            f"{spread('streaming', 'head', cpu)} s") in latest
+    assert f"with early rejection {spread('streaming + early rejection', 'head', cpu)} s" in latest
+    calls = report["calls"]
+    streaming, with_rejection = calls["streaming"], calls["streaming + early rejection"]
+    assert (f"the {streaming['requests']:,} requests now go in {streaming['model_calls']} calls ({streaming['lockstep_batches']} of "
+            f"them decoded in lockstep, the largest {streaming['largest_batch']} requests); with early rejection "
+            f"{with_rejection['requests']:,} in {with_rejection['model_calls']}") in doc
+    assert (f"{streaming['tokens_computed']:,} tokens for {streaming['tokens_generated']:,} generated "
+            f"({with_rejection['tokens_computed']:,} for {with_rejection['tokens_generated']:,} with early rejection)") in doc
+    nodes = report["plan_nodes"]
+    assert f"create {nodes['created_in_updates']:,} nodes per run ({nodes['of_which_next_event_with_the_same_facts']:,} of them" in doc
