@@ -166,6 +166,25 @@ class RejectionBound:
     def rejects_prefix(self, logp0: np.ndarray, logq: np.ndarray, entropy: np.ndarray | None = None) -> bool:
         return not self.log_accept_uniform < self.prefix_log_ratio_bound(logp0, logq, entropy)
 
+    def first_rejection(self, logp0: np.ndarray, logq: np.ndarray) -> int | None:
+        """The fewest of the tokens given as arrays after which `rejects` holds (None: never), in
+        array operations with `RunningBound.push`'s floats: the running sum added in token order
+        from 0.0, each U_m in the kernel's order. Uniform cut only (EntropyCut's normaliser is
+        followed token by token: `RunningBound`)."""
+        if self.entropy_beta is not None:
+            raise ValueError("first_rejection follows the uniform cut only")
+        count = len(logp0)
+        if count == 0:
+            return None
+        sums = np.cumsum(np.concatenate(([0.0], clamped_log_weights(self.alpha, logp0, logq))))[1:]
+        difference = sums - self.current_weight  # nan rejects below, as weight_difference's -inf does
+        if self.candidate_length is not None:
+            cut_bound = np.full(count, -math.log(self.candidate_length))
+        else:
+            cut_bound = -np.array([math.log(self.cut + m) for m in range(1, count + 1)])  # cut_log_prob_bound's
+        rejected = ~(self.log_accept_uniform < difference + (cut_bound - self.current_cut_log_prob))
+        return int(rejected.argmax()) + 1 if rejected.any() else None
+
     def start(self) -> RunningBound:
         """An incremental check for one proposal, O(1) per token: what an engine runs."""
         return RunningBound(self, jump_total=self.prefix_jump_total, previous_entropy=self.prefix_last_entropy)
@@ -234,3 +253,17 @@ class RequestStop:
             if self.push(logp0[i], logq[i], None if entropy is None else entropy[i]):
                 return i + 1
         return None
+
+
+def stop_length(
+    bounds: Sequence[RejectionBound], logp0: np.ndarray, logq: np.ndarray, entropy: np.ndarray | None = None
+) -> int | None:
+    """`RequestStop(bounds).stop_length(...)`, in array operations where every bound follows the
+    uniform cut: a bound stays rejected once it rejects, so the request stops where the last of
+    them first rejects (None: no bounds, or one never rejects)."""
+    if not bounds:
+        return None
+    if any(bound.entropy_beta is not None for bound in bounds):
+        return RequestStop(bounds).stop_length(logp0, logq, entropy)
+    firsts = [bound.first_rejection(logp0, logq) for bound in bounds]
+    return None if None in firsts else max(firsts)  # type: ignore[type-var]

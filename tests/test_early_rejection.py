@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from presto_ray import SamplerConfig, sample
-from presto_ray.early_rejection import clamped_log_weights
+from presto_ray.early_rejection import RequestStop, clamped_log_weights, stop_length
 from presto_ray.engines.base import Completion, ProposalRequest
 from presto_ray.engines.toy import ToyEngine
 from presto_ray.kernels import EntropyCut, MultiTryKernel, PowerMHKernel, UniformCut, build_kernel
@@ -148,6 +148,23 @@ def _check_sound(case: Case, extra: float) -> None:
             assert not (certain and accepted), f"rejected after {m} tokens, but the full ratio accepts (V = {v!r})"
             if m:  # the engine's incremental check decides as the array form does
                 assert running.push(case.proposal.logp0[m - 1], case.proposal.logq[m - 1], entropies[m - 1]) == certain
+
+
+@SETTINGS
+@given(st.sampled_from(["power_mh", "entropy_cut"]).flatmap(cases), st.floats(1e-300, 1.0, exclude_max=True), st.integers(1, 3))
+def test_stop_length_in_array_operations_is_the_token_by_token_one(case, extra, count):
+    """The virtual clock's `stop_length` (array operations for the uniform cut) stops a request
+    where `RequestStop` pushing token by token does, for one to three bounds at the sharpest
+    uniforms; EntropyCut's bounds go token by token in both."""
+    uniforms = _uniforms(case, extra)
+    bounds = [case.kernel.rejection_bound(case.state, case.cut, v, case.candidate_length) for v in uniforms]
+    proposal = case.proposal
+    for start in range(len(bounds)):
+        chosen = tuple(b for b in bounds[start : start + count] if b is not None)
+        want = RequestStop(chosen).stop_length(proposal.logp0, proposal.logq, proposal.entropy)
+        assert stop_length(chosen, proposal.logp0, proposal.logq, proposal.entropy) == want
+        if len(chosen) == 1 and chosen[0].entropy_beta is None:
+            assert chosen[0].first_rejection(proposal.logp0, proposal.logq) == want
 
 
 # --- (1) soundness ---------------------------------------------------------------------

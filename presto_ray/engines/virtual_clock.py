@@ -42,7 +42,7 @@ import itertools
 from dataclasses import dataclass, field, replace
 from typing import Sequence, cast
 
-from presto_ray.early_rejection import RejectionBound, RequestStop
+from presto_ray.early_rejection import RejectionBound, stop_length
 from presto_ray.engines.device_curve import DeviceCurve
 from presto_ray.engines.base import CallAccounting, Completion, Engine, EngineEvent, EngineOutput, ProposalRequest, Tokenizer
 from presto_ray.speculation import free_batch
@@ -380,7 +380,7 @@ def _stopped(full: Completion, bounds: Sequence[RejectionBound], generated: int)
     """What a request with `bounds` reveals: `full`, or its first tokens up to where every bound
     rejects, but never fewer than the `generated` tokens already revealed (a rejection certain
     after m tokens stays certain after more)."""
-    length = RequestStop(bounds).stop_length(full.logp0, full.logq, full.entropy)
+    length = stop_length(bounds, full.logp0, full.logq, full.entropy)
     if length is None or max(length, generated) >= len(full.token_ids):
         return full
     return full.truncated(max(length, generated))
