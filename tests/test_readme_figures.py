@@ -259,3 +259,8 @@ def test_the_lockstep_figures_in_streaming_md_are_the_measured_ones():
             f"({with_rejection['tokens_computed']:,} for {with_rejection['tokens_generated']:,} with early rejection)") in doc
     nodes = report["plan_nodes"]
     assert f"create {nodes['created_in_updates']:,} nodes per run ({nodes['of_which_next_event_with_the_same_facts']:,} of them" in doc
+    stops = report["stop_length"]["runs"]
+    assert [run["side"] for run in stops] == ["base", "head"] * 3
+    for field, words in (("engine_s", "{base} s at dc0e1fe against {head} s (three"), ("cpu_s", "{base} against {head} s, moves")):
+        base, head = (" / ".join(f"{run[field]:.2f}" for run in stops if run["side"] == side) for side in ("base", "head"))
+        assert words.format(base=base, head=head) in doc, field
