@@ -312,3 +312,15 @@ def test_a_request_its_model_refuses_ends_at_the_next_step_with_the_models_error
     events = drain(engine)
     assert [(e.handle, len(e.completion.token_ids)) for e in events] == [(fine, 8)]
     assert engine.model.calls == [3, 1, 1, 1] and engine.accounting().num_requests == 1
+
+
+def test_a_request_of_no_tokens_ends_at_submission_and_a_refused_one_with_its_error():
+    engine = VirtualClockEngine(ToyEngine(**PEAKED))
+    empty = engine.submit(ProposalRequest((5, 6), (), 0, 1.0, seed=1))
+    refused = engine.submit(ProposalRequest(("not a token",), (), 0, 1.0, seed=1))
+    assert engine.live_handles() == set() and engine.busy  # neither ever runs
+    events = engine.advance()
+    assert [(e.handle, e.completion is not None and e.completion.token_ids == (), type(e.error)) for e in events] == [
+        (empty, True, type(None)), (refused, False, ValueError)
+    ]
+    assert not engine.busy

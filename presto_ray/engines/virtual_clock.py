@@ -62,6 +62,7 @@ class _Sequence:
     until: int = 0  # its next event: the token count where it ends or the first of `wakes` (once computed)
     # before it is computed: the wake points and bounds asked of it, in order
     deferred: list[int | Sequence[RejectionBound]] = field(default_factory=list)
+    aborted: bool = False
 
     @property
     def remaining(self) -> int:
@@ -135,9 +136,10 @@ class VirtualClockEngine:
         seq = _Sequence(next(self._handles), request, priority)
         self._uncomputed.append(seq)
         if request.max_new_tokens == 0:
-            self._compute()  # it ends at once, with nothing to run: computed now, it is never live
-        if seq.completion is not None and seq.remaining == 0:
-            self._finished.append(EngineEvent(seq.handle, 0, seq.completion))
+            # it ends at once, with nothing to run: computed now (or refused), it is never live
+            self._compute()
+            if seq.completion is not None:
+                self._finished.append(EngineEvent(seq.handle, 0, seq.completion))
         elif self.max_running is None or len(self._running) < self.max_running:
             self._running[seq.handle] = seq
         else:
@@ -151,26 +153,7 @@ class VirtualClockEngine:
         pending, self._uncomputed = self._uncomputed, []
         if not pending:
             return
-        # the whole proposals, so that bounds set later can stop them anywhere (a prefix of each)
-        requests = [replace(seq.request, rejection_bounds=()) for seq in pending]
-        try:
-            outputs = [self.model.generate(requests)]
-            computed = list(zip(pending, outputs[0].completions))
-        except Exception:  # a request the model refuses fails the call: each alone then
-            outputs, computed = [], []
-            for seq, request in zip(pending, requests):
-                try:
-                    outputs.append(self.model.generate([request]))
-                except Exception as error:
-                    self._refuse(seq, error)
-                    continue
-                computed.append((seq, outputs[-1].completions[0]))
-        for output in outputs:
-            self._submitted.num_requests += output.accounting.num_requests
-            self._submitted.prompt_tokens += output.accounting.prompt_tokens
-            self._submitted.cached_prompt_tokens += output.accounting.cached_prompt_tokens
-            self._prefill_tokens += output.accounting.prompt_tokens - output.accounting.cached_prompt_tokens
-        for seq, full in computed:
+        for seq, full in self._call_model(pending):
             if not full.token_ids and seq.request.max_new_tokens:
                 # it ran from its submission: only an empty completion could have ended it there
                 raise RuntimeError(f"{type(self.model).__name__} returned no token for a request of max_new_tokens > 0")
@@ -185,14 +168,37 @@ class VirtualClockEngine:
             seq.deferred = []
             seq.plan_next_event()
 
+    def _call_model(self, pending: list[_Sequence]) -> list[tuple[_Sequence, Completion]]:
+        """`pending`'s whole proposals (so that bounds set later can stop them anywhere) in one
+        model call, its cost counted; a request the model refuses fails the call, so then each
+        goes alone and the refused ones end with their error."""
+        requests = [replace(seq.request, rejection_bounds=()) for seq in pending]
+        try:
+            outputs = [self.model.generate(requests)]
+            computed = list(zip(pending, outputs[0].completions))
+        except Exception:
+            outputs, computed = [], []
+            for seq, request in zip(pending, requests):
+                try:
+                    outputs.append(self.model.generate([request]))
+                except Exception as error:
+                    self._refuse(seq, error)
+                    continue
+                computed.append((seq, outputs[-1].completions[0]))
+        for output in outputs:
+            self._submitted.num_requests += output.accounting.num_requests
+            self._submitted.prompt_tokens += output.accounting.prompt_tokens
+            self._submitted.cached_prompt_tokens += output.accounting.cached_prompt_tokens
+            self._prefill_tokens += output.accounting.prompt_tokens - output.accounting.cached_prompt_tokens
+        return computed
+
     def _refuse(self, seq: _Sequence, error: Exception) -> None:
         """`seq`'s model refused it: it ends with that error, having generated nothing (an
         aborted one just goes)."""
+        if seq.aborted:
+            return
         if self._running.pop(seq.handle, None) is None:
-            waiting = [entry for entry in self._waiting if entry[2].handle != seq.handle]
-            if len(waiting) == len(self._waiting):
-                return  # aborted
-            self._waiting = waiting
+            self._waiting = [entry for entry in self._waiting if entry[2].handle != seq.handle]
             heapq.heapify(self._waiting)
         self._finished.append(EngineEvent(seq.handle, 0, error=error))
         self._admit()
@@ -228,6 +234,7 @@ class VirtualClockEngine:
             self._waiting.remove(waiting[0])
             heapq.heapify(self._waiting)
             seq = waiting[0][2]
+        seq.aborted = True
         self.clock.aborted_requests += 1
         self.clock.wasted_tokens += seq.generated
         self._admit()
