@@ -92,7 +92,7 @@ def _run(
             if owner is None:
                 continue  # aborted after it ended
             i, key = owner
-            if event.completion is not None:
+            if event.ended:
                 del handles[owner], owners[event.handle]
             landed.setdefault(i, []).append((key, event))
         for i, events in landed.items():
@@ -108,7 +108,10 @@ def _run(
 
 
 def _chain_event(engine: StreamingEngine, key: ProposalKey, event: EngineEvent) -> StreamEvent:
-    """The chain's view of an engine event (advance raises errors itself: none arrive here)."""
+    """The chain's view of an engine event (a refused or lost request fails its chain with the
+    engine's reason, as over Ray)."""
     if event.completion is not None:
         return StreamEvent(key, completion=event.completion)
+    if event.error is not None:
+        return StreamEvent(key, error=f"{type(event.error).__name__}: {event.error}")
     return StreamEvent(key, partial=engine.partial_tokens(event.handle))

@@ -190,6 +190,16 @@ def test_sample_and_sample_many_stream_on_the_toy():
         sample_many(engine, prompts[:2], [configs[0], configs[1].model_copy(update={"schedule": "streaming"})])
 
 
+def test_a_request_the_engine_refuses_fails_its_chain_with_the_engines_reason():
+    from presto_ray.chain_stream import StreamRequestError
+
+    engine = ToyEngineConfig(vocab_size=32, logit_scale=3.0).build()
+    config = SamplerConfig(block_size=12, num_blocks=2, mh_steps=6, prefetch_budget=6, schedule="streaming")
+    # token 99 is past the toy's vocabulary: its model refuses the request when it computes it
+    with pytest.raises(StreamRequestError, match="IndexError"):
+        sample_many(engine, [[4, 5, 6], [4, 5, 99]], [config, config.model_copy(update={"seed": 1})])
+
+
 def test_requests_below_a_step_waiting_for_its_fork_point_start_now():
     """A step whose cut lies beyond what the running proposal has generated is pending: its request
     starts at the fork point, and the plan goes on below it. A later step whose cut falls in the

@@ -324,3 +324,12 @@ def test_a_request_of_no_tokens_ends_at_submission_and_a_refused_one_with_its_er
         (empty, True, type(None)), (refused, False, ValueError)
     ]
     assert not engine.busy
+
+
+def test_a_batch_call_with_a_request_its_model_refuses_fails_with_the_models_error():
+    engine = VirtualClockEngine(ToyEngine(**PEAKED))
+    fine = ProposalRequest((5, 6), (), 8, 1.0, seed=1, stop_at_eos=False)
+    with pytest.raises(IndexError):
+        engine.generate([fine, ProposalRequest((5, 999), (), 8, 1.0, seed=2)])  # 999: past the vocabulary
+    assert engine.live_handles() == set() and not engine.busy
+    assert [len(c.token_ids) for c in engine.generate([fine]).completions] == [8]  # the clock goes on

@@ -355,7 +355,13 @@ class VirtualClockEngine:
         handles = [self.submit(r) for r in requests]
         done: dict[int, Completion] = {}
         while len(done) < len(handles):
-            done.update((e.handle, e.completion) for e in self.advance() if e.completion is not None)
+            for event in self.advance():
+                if event.error is not None:  # the model refused one: the call fails with its error, leaving nothing running
+                    for handle in handles:
+                        self.abort(handle)
+                    raise event.error
+                if event.completion is not None:
+                    done[event.handle] = event.completion
         completions = [done[h] for h in handles]
         accounting = CallAccounting(
             calls=1,
