@@ -146,7 +146,7 @@ class EngineReplica:
             ended = event.ended
             if ended:
                 del self._stream_ids[event.handle], self._handles[stream_id]
-            error = None if event.error is None else f"{type(event.error).__name__}: {event.error}"
+            error = event.reason
             partial = None if ended else tuple(engine.partial_tokens(event.handle))
             self._undelivered[stream_id[0]].append(ReplicaEvent(stream_id, event.generated, partial, event.completion, error))
 

@@ -113,5 +113,5 @@ def _chain_event(engine: StreamingEngine, key: ProposalKey, event: EngineEvent) 
     if event.completion is not None:
         return StreamEvent(key, completion=event.completion)
     if event.error is not None:
-        return StreamEvent(key, error=f"{type(event.error).__name__}: {event.error}")
+        return StreamEvent(key, error=event.reason)
     return StreamEvent(key, partial=engine.partial_tokens(event.handle))

@@ -156,6 +156,11 @@ class EngineEvent:
     def ended(self) -> bool:
         return self.completion is not None or self.error is not None
 
+    @property
+    def reason(self) -> str | None:
+        """The error as a chain reports it (`ValueError: ...`), None without one."""
+        return None if self.error is None else f"{type(self.error).__name__}: {self.error}"
+
 
 class StreamingEngine(Protocol):
     """Per-request submission with completion events, partial tokens at fork points, abort and

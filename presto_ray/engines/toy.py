@@ -255,10 +255,12 @@ class ToyEngine:
             lasts = choice
             position += 1
             if position == ends or self.eos_token_id in picks:  # some request may end here
-                kept = [row for row, (i, token) in enumerate(zip(active, picks)) if token != eos[i] and position < limits[i]]
+                kept = []
                 for row, (i, token) in enumerate(zip(active, picks)):
                     if token == eos[i]:
                         finishes[i] = "stop"
+                    elif position < limits[i]:
+                        kept.append(row)
                 if len(kept) < len(active):
                     active = [active[row] for row in kept]
                     states = [states[row] for row in kept]

@@ -159,14 +159,13 @@ class VirtualClockEngine:
                 raise RuntimeError(f"{type(self.model).__name__} returned no token for a request of max_new_tokens > 0")
             seq.full = full
             seq.completion = _stopped(full, seq.request.rejection_bounds, 0)
-            for asked in seq.deferred:  # as `wake_at` and `set_rejection_bounds` take them with nothing generated
-                if isinstance(asked, int):
-                    if asked < len(seq.completion.token_ids):
-                        seq.wakes.add(asked)
-                else:
-                    seq.completion = _stopped(full, asked, 0)  # never empty: a bound rejects after a token at the earliest
-            seq.deferred = []
             seq.plan_next_event()
+            deferred, seq.deferred = seq.deferred, []
+            for asked in deferred:  # taken now as they would have been then: nothing generated since
+                if isinstance(asked, int):
+                    self.wake_at(seq.handle, asked)
+                else:
+                    self.set_rejection_bounds(seq.handle, asked)
 
     def _call_model(self, pending: list[_Sequence]) -> list[tuple[_Sequence, Completion]]:
         """`pending`'s whole proposals (so that bounds set later can stop them anywhere) in one
