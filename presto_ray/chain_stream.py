@@ -25,7 +25,7 @@ from presto_ray.early_rejection import RejectionBound
 from presto_ray.engines.base import Completion, ProposalRequest
 from presto_ray.plan_tree import PlanTree, RequestKey
 from presto_ray.proposal_book import ProposalBook
-from presto_ray.selection import fork_points_worth_waking, reach_probabilities
+from presto_ray.selection import IssuedWalk, fork_points_worth_waking, reach_probabilities
 from presto_ray.speculation import speculation_threshold
 
 
@@ -101,6 +101,9 @@ class ChainStream(ProposalBook):
         self._known: dict[RequestKey, tuple[tuple[int, ...], bool]] = {}
         self._stopped_early: set[RequestKey] = set()
         self._touched: dict[RequestKey, None] = {}
+        # the last selection's walk through the issued requests, with the tree it walked: while
+        # that tree is the plan (nothing started since), the fork-point pass reads it
+        self._issued_walk: tuple[PlanTree, IssuedWalk] | None = None
 
     @property
     def running_requests(self) -> int:
@@ -173,8 +176,10 @@ class ChainStream(ProposalBook):
         budget = self._within_budget(budget)
         tree = self._plan()
         issued = self._issued()
-        keys = self.planner.select(tree, budget - len(self._running), issued, self._min_gain())
+        walk = IssuedWalk(tree.root, issued)
+        keys = self.planner.select(tree, budget - len(self._running), issued, self._min_gain(), walk)
         if not keys:
+            self._issued_walk = (tree, walk)
             return []
         reach = reach_probabilities(tree.root, issued | set(keys))
         starts = []
@@ -201,9 +206,11 @@ class ChainStream(ProposalBook):
         fork_points = tree.fork_points
         config = self.chain.config
         min_reach = config.fork_wake_share * self._min_gain() if config.traversal == "predictive" else 0.0
+        last_walk, self._issued_walk = self._issued_walk, None
         if fork_points and min_reach > 0.0:
+            walk = last_walk[1] if last_walk is not None and last_walk[0] is tree else None
             issued = self._issued()
-            fork_points = cast(dict[RequestKey, int], fork_points_worth_waking(tree.root, issued, min_reach))
+            fork_points = cast(dict[RequestKey, int], fork_points_worth_waking(tree.root, issued, min_reach, walk))
         wakes = []
         for key, needed in fork_points.items():
             stream_key = (*key, 0)

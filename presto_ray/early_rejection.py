@@ -157,7 +157,13 @@ class RejectionBound:
     def prefix_log_ratio_bound(
         self, logp0: np.ndarray, logq: np.ndarray, entropy: np.ndarray | None = None
     ) -> float:
-        """U_m for a proposal's first m tokens given as arrays (m = len(logp0))."""
+        """U_m for a proposal's first m tokens given as arrays (m = len(logp0)): `RunningBound`'s
+        float after m pushes. The uniform cut's in array operations (the clamped weights summed in
+        token order from 0.0, as `first_rejection` sums them); EntropyCut's token by token."""
+        if self.entropy_beta is None:
+            weights = clamped_log_weights(self.alpha, logp0, logq)
+            weight = float(np.cumsum(np.concatenate(([0.0], weights)))[-1])
+            return self.log_ratio_bound(weight, len(weights))
         running = self.start()
         for i in range(len(logp0)):
             running.push(logp0[i], logq[i], None if entropy is None else entropy[i])

@@ -20,7 +20,7 @@ from presto_ray.keys import extension_seed, step_keys, try_seed
 from presto_ray.plan_cache import PlanCache
 from presto_ray.plan_tree import PlanRules, PlanTree, ProposalKnowledge, RequestKey, StoppedEarly
 from presto_ray.predictor import EdgePredictor
-from presto_ray.selection import select_breadth_first, select_max_expected
+from presto_ray.selection import IssuedWalk, select_breadth_first, select_max_expected
 
 
 class Planner:
@@ -92,17 +92,20 @@ class Planner:
             min_reach=self._min_reach,
         )
 
-    def select(self, tree: PlanTree, budget: int, issued: set[RequestKey], min_gain: float | None = None) -> list[RequestKey]:
+    def select(
+        self, tree: PlanTree, budget: int, issued: set[RequestKey], min_gain: float | None = None, walk: IssuedWalk | None = None
+    ) -> list[RequestKey]:
         """New keys to issue within `budget` requests; the root's always, when it is not issued
         (every round, every walk must make progress). `min_gain`: predictive only, the expected
-        completed transitions a new request must add (default `min_expected_gain`)."""
+        completed transitions a new request must add (default `min_expected_gain`). `walk`: a
+        fresh `IssuedWalk` of the tree's root and `issued`, which the predictive search fills."""
         config = self.chain.config
         # selection.py is generic over hashable keys; the plan tree's are RequestKeys
         keys: list[RequestKey] = []
         if config.traversal != "serial" and budget > 0:
             if config.traversal == "predictive":
                 gain = config.min_expected_gain if min_gain is None else min_gain
-                keys = cast(list[RequestKey], select_max_expected(tree.root, budget, gain, issued=issued, max_value=tree.max_value))
+                keys = cast(list[RequestKey], select_max_expected(tree.root, budget, gain, issued=issued, max_value=tree.max_value, walk=walk))
             else:
                 keys = cast(list[RequestKey], select_breadth_first(tree.root, budget, issued=issued))
         root_key = cast("RequestKey | None", tree.root.key)

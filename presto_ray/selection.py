@@ -94,16 +94,37 @@ def reach_probabilities(root: PlanNode, keys: Iterable[Hashable]) -> dict[Hashab
     return {key: min(1.0, reach[key]) for key in chosen}
 
 
-def fork_points_worth_waking(root: PlanNode, issued: Iterable[Hashable], min_reach: float) -> dict[Hashable, int]:
+class IssuedWalk:
+    """The walk through issued requests alone, depth by depth: each depth's nodes and the
+    probability of reaching them (`_propagate`'s dicts, the same floats in the same order). The
+    selection's search follows it as its branch that issues nothing new and records the depths it
+    went through (`select_max_expected(walk=...)`); a fork-point pass over the same DAG and issued
+    set then reads those instead of walking them again (`fork_points_worth_waking(walk=...)`)."""
+
+    __slots__ = ("root", "issued", "depths")
+
+    def __init__(self, root: PlanNode, issued: Iterable[Hashable]) -> None:
+        self.root = root
+        self.issued = set(issued)
+        self.depths: list[dict[PlanNode, float]] = [{root: 1.0}]
+
+
+def fork_points_worth_waking(
+    root: PlanNode, issued: Iterable[Hashable], min_reach: float, walk: IssuedWalk | None = None
+) -> dict[Hashable, int]:
     """For each running request that pending nodes wait for, the fewest of its tokens that unlock
     pending nodes the walk reaches with probability at least `min_reach` through `issued` requests
     alone (summed per depth and fork point: the nodes that will need one request). That reach is
     the mass the selection weighs such a request by once its prefix exists; below the selection's
     minimum gain the request is no candidate (`select_max_expected`), so its fork point is not
-    worth an event now (presto_ray/chain_stream.py asks again at later steps, as reach grows)."""
+    worth an event now (presto_ray/chain_stream.py asks again at later steps, as reach grows).
+    `walk`: the depths a search already walked through the same issued requests (ignored when
+    its root or issued set differ)."""
     chosen = set(issued)
+    depths = walk.depths if walk is not None and walk.root is root and walk.issued == chosen else [{root: 1.0}]
     worth: dict[Hashable, int] = {}
-    alive: dict[PlanNode, float] = {root: 1.0}
+    alive = depths[0]
+    depth = 0
     while alive:
         waiting: dict[tuple[Hashable, int], float] = {}
         for node, mass in alive.items():
@@ -112,7 +133,8 @@ def fork_points_worth_waking(root: PlanNode, issued: Iterable[Hashable], min_rea
         for (source, needed), mass in waiting.items():
             if mass >= min_reach and needed < worth.get(source, needed + 1):
                 worth[source] = needed
-        _, alive = _propagate(alive, chosen)
+        depth += 1
+        alive = depths[depth] if depth < len(depths) else _propagate(alive, chosen)[1]
     return worth
 
 
@@ -160,6 +182,7 @@ def select_max_expected(
     cost_per_request: float = 0.0,
     issued: Iterable[Hashable] = (),
     max_value: float | None = None,
+    walk: IssuedWalk | None = None,
 ) -> list[Hashable]:
     """New keys maximising expected completed events minus `cost_per_request` per request, within budget.
 
@@ -175,6 +198,8 @@ def select_max_expected(
     With cost 0 the search is exact. With one key per depth, as the rounds planner produces, it is
     linear; past MAX_SEARCH_NODES nodes it returns the best set found so far. `max_value`: the largest
     node value in the DAG, when its builder knows it (else a walk over the DAG finds it).
+    `walk`: an `IssuedWalk` of `root` and `issued`, to which the search adds the depths it walks
+    without a new key.
     """
     best_score = float("-inf")
     best: list[Hashable] = []
@@ -223,7 +248,10 @@ def select_max_expected(
                         reached[child] = mass * p  # 0.0 + x is x
         return gain, reached
 
-    def search(alive: dict[PlanNode, float], chosen: list, chosen_set: set, score: float, left: int) -> None:
+    def search(
+        alive: dict[PlanNode, float], chosen: list, chosen_set: set, score: float, left: int, trail: list | None = None
+    ) -> None:
+        """`trail`: the top-level call's, where the depths walked without a new key go."""
         nonlocal best_score, best, visited
         while True:  # one depth per pass: the plain search's last call (no new key) is the next pass
             visited += 1
@@ -268,8 +296,15 @@ def select_max_expected(
                 return
             gain, alive = propagate(alive, chosen_set)
             score = score + gain - cost_per_request * 0
+            if trail is not None:
+                trail.append(alive)
 
-    search({root: 1.0}, [], issued_set, 0.0, budget)
+    trail = None
+    if walk is not None:
+        if walk.root is not root or walk.issued != issued_set or len(walk.depths) != 1:
+            raise ValueError("the walk must be a fresh IssuedWalk of this root and issued set")
+        trail = walk.depths
+    search({root: 1.0}, [], issued_set, 0.0, budget, trail)
     # `search` calls itself through its closure: a cycle that, left, waits for the cyclic
     # collector with the call's dicts (Python's collections then cost ~20% of a streaming run)
     del search

@@ -167,6 +167,23 @@ def test_stop_length_in_array_operations_is_the_token_by_token_one(case, extra, 
             assert chosen[0].first_rejection(proposal.logp0, proposal.logq) == want
 
 
+@SETTINGS
+@given(st.sampled_from(["power_mh", "entropy_cut"]).flatmap(cases), st.floats(1e-300, 1.0, exclude_max=True))
+def test_a_prefix_bound_from_arrays_is_the_running_bound_bit_for_bit(case, v):
+    """`prefix_log_ratio_bound` (array operations for the uniform cut: the walk's check of a
+    stopped proposal) is the float `RunningBound` reaches pushing the same tokens one by one (the
+    engine's check), after every prefix: sign of zero and nan included."""
+    bound = case.kernel.rejection_bound(case.state, case.cut, v, case.candidate_length)
+    assert bound is not None
+    proposal, running = case.proposal, bound.start()
+    assert proposal.entropy is not None
+    for m in range(len(proposal.token_ids) + 1):
+        if m:
+            running.push(proposal.logp0[m - 1], proposal.logq[m - 1], proposal.entropy[m - 1])
+        got = bound.prefix_log_ratio_bound(proposal.logp0[:m], proposal.logq[:m], proposal.entropy[:m])
+        assert repr(got) == repr(running.log_ratio_bound())
+
+
 # --- (1) soundness ---------------------------------------------------------------------
 @SETTINGS
 @given(cases("power_mh"), st.floats(1e-300, 1.0, exclude_max=True))

@@ -5,7 +5,15 @@ import random
 
 import pytest
 
-from presto_ray.selection import PlanNode, expected_completed, fork_points_worth_waking, select_breadth_first, select_max_expected
+from presto_ray.selection import (
+    IssuedWalk,
+    PlanNode,
+    _propagate,
+    expected_completed,
+    fork_points_worth_waking,
+    select_breadth_first,
+    select_max_expected,
+)
 
 
 def random_tree(rng: random.Random, max_depth: int, keys_per_depth: int, costs: bool = False) -> PlanNode:
@@ -269,3 +277,47 @@ def test_fork_points_worth_waking_are_those_reached_often_enough(trial):
         # a reach within rounding of the bar may land on either side of it
         borderline = {source for _, (source, _), mass in reach if abs(mass - min_reach) < 1e-9}
         assert {k: v for k, v in worth.items() if k not in borderline} == {k: v for k, v in expected.items() if k not in borderline}
+
+
+@pytest.mark.parametrize("trial", range(60))
+def test_fork_points_read_from_the_searchs_walk_are_the_fork_points_walked_anew(trial):
+    """The depths a search walked through the issued requests alone, read by the fork-point pass,
+    give the fork points of a pass that walks them itself: every depth the search went through
+    is that walk's (the same nodes, the same floats), whether the search went to the end or
+    stopped early (its bound, its node cap, a budget of one)."""
+    rng = random.Random(500 + trial)
+    root = random_dag(rng, depth=rng.randint(1, 20), width=rng.randint(1, 10), keys_per_depth=rng.randint(1, 6))
+    sources = [("a", ()), ("b", ()), ("c", ())]
+    seen, stack = set(), [root]
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if node.pending:
+            node.waits_for = (rng.choice(sources), rng.randrange(1, 4))
+        stack.extend(child for child, _ in node.children)
+    keys = sorted(all_keys(root))
+    issued = set(rng.sample(keys, rng.randint(0, len(keys)))) | {root.key}
+    walk = IssuedWalk(root, issued)
+    select_max_expected(root, rng.randint(1, 12), rng.choice([0.0, 0.1, 0.3, 0.9]), issued=issued, walk=walk)
+    assert len(walk.depths) >= 1
+    for min_reach in (0.0, 0.01, 0.1, 0.3):
+        fresh = fork_points_worth_waking(root, issued, min_reach)
+        assert fork_points_worth_waking(root, issued, min_reach, walk) == fresh
+    # the recorded depths are the walk's own, depth by depth
+    alive, chosen = {root: 1.0}, set(issued)
+    for recorded in walk.depths:
+        assert list(recorded.items()) == list(alive.items())
+        alive = _propagate(alive, chosen)[1]
+
+
+def test_a_walk_of_another_issued_set_is_not_read():
+    rng = random.Random(4)
+    root = random_dag(rng, depth=6, width=4, keys_per_depth=2)
+    walk = IssuedWalk(root, {root.key})
+    with pytest.raises(ValueError):
+        select_max_expected(root, 4, 0.1, issued=set(), walk=walk)
+    select_max_expected(root, 4, 0.1, issued={root.key}, walk=walk)
+    with pytest.raises(ValueError):  # filled already
+        select_max_expected(root, 4, 0.1, issued={root.key}, walk=walk)
