@@ -25,7 +25,7 @@ from presto_ray.early_rejection import RejectionBound
 from presto_ray.engines.base import Completion, ProposalRequest
 from presto_ray.plan_tree import PlanTree, RequestKey
 from presto_ray.proposal_book import ProposalBook
-from presto_ray.selection import IssuedWalk, fork_points_worth_waking, reach_probabilities
+from presto_ray.selection import SearchWalks, fork_points_worth_waking, reach_probabilities
 from presto_ray.speculation import speculation_threshold
 
 
@@ -101,9 +101,9 @@ class ChainStream(ProposalBook):
         self._known: dict[RequestKey, tuple[tuple[int, ...], bool]] = {}
         self._stopped_early: set[RequestKey] = set()
         self._touched: dict[RequestKey, None] = {}
-        # the last selection's walk through the issued requests, with the tree it walked: while
-        # that tree is the plan (nothing started since), the fork-point pass reads it
-        self._issued_walk: tuple[PlanTree, IssuedWalk] | None = None
+        # the last selection's walks, with the tree they walked: while that tree is the plan
+        # (nothing started since), the fork-point pass reads them
+        self._issued_walk: tuple[PlanTree, SearchWalks] | None = None
 
     @property
     def running_requests(self) -> int:
@@ -176,12 +176,12 @@ class ChainStream(ProposalBook):
         budget = self._within_budget(budget)
         tree = self._plan()
         issued = self._issued()
-        walk = IssuedWalk(tree.root, issued)
+        walk = SearchWalks(tree.root, issued)
         keys = self.planner.select(tree, budget - len(self._running), issued, self._min_gain(), walk)
         if not keys:
             self._issued_walk = (tree, walk)
             return []
-        reach = reach_probabilities(tree.root, issued | set(keys))
+        reach = reach_probabilities(tree.root, issued | set(keys), walk)
         starts = []
         for key in keys:
             priority = 0.0 if key == tree.root.key else 1.0 - reach[key]

@@ -20,7 +20,7 @@ from presto_ray.keys import extension_seed, step_keys, try_seed
 from presto_ray.plan_cache import PlanCache
 from presto_ray.plan_tree import PlanRules, PlanTree, ProposalKnowledge, RequestKey, StoppedEarly
 from presto_ray.predictor import EdgePredictor
-from presto_ray.selection import IssuedWalk, select_breadth_first, select_max_expected
+from presto_ray.selection import SearchWalks, select_breadth_first, select_max_expected
 
 
 class Planner:
@@ -93,12 +93,12 @@ class Planner:
         )
 
     def select(
-        self, tree: PlanTree, budget: int, issued: set[RequestKey], min_gain: float | None = None, walk: IssuedWalk | None = None
+        self, tree: PlanTree, budget: int, issued: set[RequestKey], min_gain: float | None = None, walk: SearchWalks | None = None
     ) -> list[RequestKey]:
         """New keys to issue within `budget` requests; the root's always, when it is not issued
         (every round, every walk must make progress). `min_gain`: predictive only, the expected
         completed transitions a new request must add (default `min_expected_gain`). `walk`: a
-        fresh `IssuedWalk` of the tree's root and `issued`, which the predictive search fills."""
+        fresh `SearchWalks` of the tree's root and `issued`, which the predictive search fills."""
         config = self.chain.config
         # selection.py is generic over hashable keys; the plan tree's are RequestKeys
         keys: list[RequestKey] = []

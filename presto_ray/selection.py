@@ -80,37 +80,48 @@ def expected_completed(root: PlanNode, keys: Iterable[Hashable]) -> float:
     return total
 
 
-def reach_probabilities(root: PlanNode, keys: Iterable[Hashable]) -> dict[Hashable, float]:
+def reach_probabilities(root: PlanNode, keys: Iterable[Hashable], walk: "SearchWalks | None" = None) -> dict[Hashable, float]:
     """For each of `keys`, the probability that the walk reaches a node needing it, when all of
-    `keys` are generated (the chance a request is used: its priority when streaming)."""
+    `keys` are generated (the chance a request is used: its priority when streaming). `walk`: the
+    walks of a search whose chosen keys, with the issued ones, are `keys`: the depths it walked
+    through them are read instead of walked again (ignored when its root or keys differ)."""
     chosen = set(keys)
+    depths = walk.chosen_depths if walk is not None and walk.root is root and walk.chosen == chosen else [{root: 1.0}]
     reach: dict[Hashable, float] = defaultdict(float)
-    alive: dict[PlanNode, float] = {root: 1.0}
+    alive = depths[0]
+    depth = 0
     while alive:
         for node, mass in alive.items():
             if node.key in chosen:
                 reach[node.key] += mass
-        _, alive = _propagate(alive, chosen)
+        depth += 1
+        alive = depths[depth] if depth < len(depths) else _propagate(alive, chosen)[1]
     return {key: min(1.0, reach[key]) for key in chosen}
 
 
-class IssuedWalk:
-    """The walk through issued requests alone, depth by depth: each depth's nodes and the
-    probability of reaching them (`_propagate`'s dicts, the same floats in the same order). The
-    selection's search follows it as its branch that issues nothing new and records the depths it
-    went through (`select_max_expected(walk=...)`); a fork-point pass over the same DAG and issued
-    set then reads those instead of walking them again (`fork_points_worth_waking(walk=...)`)."""
+class SearchWalks:
+    """Walks of the DAG that a selection's search makes and later passes over the same DAG repeat,
+    depth by depth: each depth's nodes and the probability of reaching them (`_propagate`'s dicts,
+    the same floats in the same order). `issued_depths`: through the issued requests alone (the
+    search's branch that issues nothing new), read by the fork-point pass
+    (`fork_points_worth_waking`); `chosen_depths`: through the issued requests and the ones the
+    search chose (`chosen`), read by `reach_probabilities`. Each goes as far as the search went;
+    a reader walks on from its last depth. A key is needed at one depth only (the planner's keys
+    name their event, and a depth is an event), so the search's path to its best set, which adds
+    keys depth by depth, is the walk through the whole set."""
 
-    __slots__ = ("root", "issued", "depths")
+    __slots__ = ("root", "issued", "issued_depths", "chosen", "chosen_depths")
 
     def __init__(self, root: PlanNode, issued: Iterable[Hashable]) -> None:
         self.root = root
         self.issued = set(issued)
-        self.depths: list[dict[PlanNode, float]] = [{root: 1.0}]
+        self.issued_depths: list[dict[PlanNode, float]] = [{root: 1.0}]
+        self.chosen: set | None = None  # set by the search
+        self.chosen_depths: list[dict[PlanNode, float]] = []
 
 
 def fork_points_worth_waking(
-    root: PlanNode, issued: Iterable[Hashable], min_reach: float, walk: IssuedWalk | None = None
+    root: PlanNode, issued: Iterable[Hashable], min_reach: float, walk: SearchWalks | None = None
 ) -> dict[Hashable, int]:
     """For each running request that pending nodes wait for, the fewest of its tokens that unlock
     pending nodes the walk reaches with probability at least `min_reach` through `issued` requests
@@ -118,10 +129,10 @@ def fork_points_worth_waking(
     the mass the selection weighs such a request by once its prefix exists; below the selection's
     minimum gain the request is no candidate (`select_max_expected`), so its fork point is not
     worth an event now (presto_ray/chain_stream.py asks again at later steps, as reach grows).
-    `walk`: the depths a search already walked through the same issued requests (ignored when
-    its root or issued set differ)."""
+    `walk`: a search's walks, whose issued depths are read (ignored when its root or issued set
+    differ)."""
     chosen = set(issued)
-    depths = walk.depths if walk is not None and walk.root is root and walk.issued == chosen else [{root: 1.0}]
+    depths = walk.issued_depths if walk is not None and walk.root is root and walk.issued == chosen else [{root: 1.0}]
     worth: dict[Hashable, int] = {}
     alive = depths[0]
     depth = 0
@@ -182,7 +193,7 @@ def select_max_expected(
     cost_per_request: float = 0.0,
     issued: Iterable[Hashable] = (),
     max_value: float | None = None,
-    walk: IssuedWalk | None = None,
+    walk: SearchWalks | None = None,
 ) -> list[Hashable]:
     """New keys maximising expected completed events minus `cost_per_request` per request, within budget.
 
@@ -198,8 +209,7 @@ def select_max_expected(
     With cost 0 the search is exact. With one key per depth, as the rounds planner produces, it is
     linear; past MAX_SEARCH_NODES nodes it returns the best set found so far. `max_value`: the largest
     node value in the DAG, when its builder knows it (else a walk over the DAG finds it).
-    `walk`: an `IssuedWalk` of `root` and `issued`, to which the search adds the depths it walks
-    without a new key.
+    `walk`: fresh `SearchWalks` of `root` and `issued`, which the search fills.
     """
     best_score = float("-inf")
     best: list[Hashable] = []
@@ -248,15 +258,20 @@ def select_max_expected(
                         reached[child] = mass * p  # 0.0 + x is x
         return gain, reached
 
+    best_path: tuple[tuple[dict[PlanNode, float], ...], list[dict[PlanNode, float]]] = ((), [])
+
     def search(
-        alive: dict[PlanNode, float], chosen: list, chosen_set: set, score: float, left: int, trail: list | None = None
+        alive: dict[PlanNode, float], chosen: list, chosen_set: set, score: float, left: int,
+        above: tuple[dict[PlanNode, float], ...], trail: list[dict[PlanNode, float]],
     ) -> None:
-        """`trail`: the top-level call's, where the depths walked without a new key go."""
-        nonlocal best_score, best, visited
+        """`above`: the depths of the walk through `chosen_set` before this call's; `trail`: this
+        call's, from `alive` on (each pass adds the next depth it walks without a new key)."""
+        nonlocal best_score, best, visited, best_path
         while True:  # one depth per pass: the plain search's last call (no new key) is the next pass
             visited += 1
             if score > best_score + 1e-12:
                 best_score, best = score, list(chosen)
+                best_path = (above, trail)  # the trail grows as this call walks on with the same keys
             if left == 0 or not alive or visited > MAX_SEARCH_NODES:
                 return
             if score + left * max(0.0, sum(alive.values()) * max_value - cost_per_request) <= best_score + 1e-12:
@@ -291,20 +306,25 @@ def select_max_expected(
                             continue
                         extended = chosen_set.union(subset)  # never changed in place
                         gain, reached = propagate(alive, extended)
-                        search(reached, chosen + list(subset), extended, score + gain - cost_per_request * cost, left - cost)
+                        search(
+                            reached, chosen + list(subset), extended, score + gain - cost_per_request * cost, left - cost,
+                            above + tuple(trail), [reached],
+                        )
             if not passes_without_new_key:
                 return
             gain, alive = propagate(alive, chosen_set)
             score = score + gain - cost_per_request * 0
-            if trail is not None:
-                trail.append(alive)
+            trail.append(alive)
 
-    trail = None
+    top: list[dict[PlanNode, float]] = [{root: 1.0}]
     if walk is not None:
-        if walk.root is not root or walk.issued != issued_set or len(walk.depths) != 1:
-            raise ValueError("the walk must be a fresh IssuedWalk of this root and issued set")
-        trail = walk.depths
-    search({root: 1.0}, [], issued_set, 0.0, budget, trail)
+        if walk.root is not root or walk.issued != issued_set or walk.chosen is not None:
+            raise ValueError("the walks must be fresh SearchWalks of this root and issued set")
+        top = walk.issued_depths
+    search(top[0], [], issued_set, 0.0, budget, (), top)
+    if walk is not None:
+        walk.chosen = issued_set.union(best)
+        walk.chosen_depths = [*best_path[0], *best_path[1]]
     # `search` calls itself through its closure: a cycle that, left, waits for the cyclic
     # collector with the call's dicts (Python's collections then cost ~20% of a streaming run)
     del search

@@ -6,9 +6,10 @@ import random
 import pytest
 
 from presto_ray.selection import (
-    IssuedWalk,
+    SearchWalks,
     PlanNode,
     _propagate,
+    reach_probabilities,
     expected_completed,
     fork_points_worth_waking,
     select_breadth_first,
@@ -279,13 +280,16 @@ def test_fork_points_worth_waking_are_those_reached_often_enough(trial):
         assert {k: v for k, v in worth.items() if k not in borderline} == {k: v for k, v in expected.items() if k not in borderline}
 
 
-@pytest.mark.parametrize("trial", range(60))
-def test_fork_points_read_from_the_searchs_walk_are_the_fork_points_walked_anew(trial):
-    """The depths a search walked through the issued requests alone, read by the fork-point pass,
-    give the fork points of a pass that walks them itself: every depth the search went through
-    is that walk's (the same nodes, the same floats), whether the search went to the end or
-    stopped early (its bound, its node cap, a budget of one)."""
-    rng = random.Random(500 + trial)
+def _walk_reference(root: PlanNode, chosen: set) -> list[dict]:
+    """The walk through `chosen` keys, depth by depth, as `_propagate` makes it."""
+    depths, alive = [], {root: 1.0}
+    while alive:
+        depths.append(alive)
+        alive = _propagate(alive, chosen)[1]
+    return depths
+
+
+def _random_dag_with_fork_points(rng: random.Random) -> PlanNode:
     root = random_dag(rng, depth=rng.randint(1, 20), width=rng.randint(1, 10), keys_per_depth=rng.randint(1, 6))
     sources = [("a", ()), ("b", ()), ("c", ())]
     seen, stack = set(), [root]
@@ -297,27 +301,55 @@ def test_fork_points_read_from_the_searchs_walk_are_the_fork_points_walked_anew(
         if node.pending:
             node.waits_for = (rng.choice(sources), rng.randrange(1, 4))
         stack.extend(child for child, _ in node.children)
+    return root
+
+
+@pytest.mark.parametrize("trial", range(80))
+def test_the_walks_a_search_records_are_the_walks_made_anew(trial):
+    """The depths a search walked through the issued requests alone, and through them and the
+    keys it chose, are those walks' own (the same nodes, the same floats, in order), as far as the
+    search went (to the end, or stopped by its bound, its node cap or its budget); the fork-point
+    and reach passes that read them give what they give walking anew."""
+    rng = random.Random(500 + trial)
+    root = _random_dag_with_fork_points(rng)
     keys = sorted(all_keys(root))
     issued = set(rng.sample(keys, rng.randint(0, len(keys)))) | {root.key}
-    walk = IssuedWalk(root, issued)
-    select_max_expected(root, rng.randint(1, 12), rng.choice([0.0, 0.1, 0.3, 0.9]), issued=issued, walk=walk)
-    assert len(walk.depths) >= 1
+    walk = SearchWalks(root, issued)
+    chosen = select_max_expected(root, rng.randint(1, 12), rng.choice([0.0, 0.05, 0.1, 0.3, 0.9]), issued=issued, walk=walk)
+    assert walk.chosen == issued | set(chosen)
+    for recorded, reference in ((walk.issued_depths, _walk_reference(root, issued)), (walk.chosen_depths, _walk_reference(root, walk.chosen))):
+        assert 1 <= len(recorded) <= len(reference) + 1  # the last may be the empty dict that ends it
+        for got, want in zip(recorded, reference + [{}]):
+            assert list(got.items()) == list(want.items())
     for min_reach in (0.0, 0.01, 0.1, 0.3):
-        fresh = fork_points_worth_waking(root, issued, min_reach)
-        assert fork_points_worth_waking(root, issued, min_reach, walk) == fresh
-    # the recorded depths are the walk's own, depth by depth
-    alive, chosen = {root: 1.0}, set(issued)
-    for recorded in walk.depths:
-        assert list(recorded.items()) == list(alive.items())
-        alive = _propagate(alive, chosen)[1]
+        assert fork_points_worth_waking(root, issued, min_reach, walk) == fork_points_worth_waking(root, issued, min_reach)
+    assert reach_probabilities(root, walk.chosen, walk) == reach_probabilities(root, walk.chosen)
 
 
-def test_a_walk_of_another_issued_set_is_not_read():
+def test_the_search_records_its_chosen_walk_past_where_it_chose():
+    """Somewhere in these trials the search chooses keys and its path to them holds more depths
+    than the issued walk: the chosen walk is not the issued one."""
+    differ = 0
+    for trial in range(80):
+        rng = random.Random(500 + trial)
+        root = _random_dag_with_fork_points(rng)
+        keys = sorted(all_keys(root))
+        issued = set(rng.sample(keys, rng.randint(0, len(keys)))) | {root.key}
+        walk = SearchWalks(root, issued)
+        select_max_expected(root, rng.randint(1, 12), rng.choice([0.0, 0.05, 0.1, 0.3, 0.9]), issued=issued, walk=walk)
+        differ += walk.chosen != walk.issued and len(walk.chosen_depths) > 2
+    assert differ >= 10
+
+
+def test_walks_of_another_issued_set_are_not_read():
     rng = random.Random(4)
     root = random_dag(rng, depth=6, width=4, keys_per_depth=2)
-    walk = IssuedWalk(root, {root.key})
+    walk = SearchWalks(root, {root.key})
     with pytest.raises(ValueError):
         select_max_expected(root, 4, 0.1, issued=set(), walk=walk)
     select_max_expected(root, 4, 0.1, issued={root.key}, walk=walk)
     with pytest.raises(ValueError):  # filled already
         select_max_expected(root, 4, 0.1, issued={root.key}, walk=walk)
+    # a reach of other keys walks anew
+    other = set(all_keys(root))
+    assert reach_probabilities(root, other, walk) == reach_probabilities(root, other)
