@@ -468,7 +468,7 @@ def run_schedules(loaded: Any, args: argparse.Namespace, plan: dict, deadline: f
 
     from presto_ray.config import SamplerConfig
     from presto_ray.driver import sample_many
-    from presto_ray.engines.toy import ToyTokenizer
+    from presto_ray.engines.toy_tokenizer import ToyTokenizer
     from presto_ray.engines.transformers import TransformersEngineConfig
     from presto_ray.engines.transformers.engine import TransformersEngine
 

@@ -78,7 +78,7 @@ class ToyEngineConfig(BaseModel):
         )
 
     def build_tokenizer(self) -> "Tokenizer":
-        from presto_ray.engines.toy import ToyTokenizer
+        from presto_ray.engines.toy_tokenizer import ToyTokenizer
 
         return ToyTokenizer(self.vocab_size, self.eos_token_id)
 

@@ -18,13 +18,16 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import replace
-from typing import Mapping, Sequence
+from typing import Sequence
 
 import numpy as np
 
 from presto_ray.engines.base import CallAccounting, Completion, EngineOutput, FinishReason, ProposalRequest
 from presto_ray.early_rejection import RequestStop
+from presto_ray.engines.toy_tokenizer import ToyTokenizer
 from presto_ray.engines.virtual_clock import VirtualClockEngine
+
+__all__ = ["ToyEngine", "ToyTokenizer"]
 
 _HASH_MULT = 1_000_003
 _HASH_MOD = (1 << 61) - 1
@@ -382,33 +385,3 @@ class ToyEngine:
             self._cache.move_to_end(h)
         while len(self._cache) > self._cache_capacity:
             self._cache.popitem(last=False)
-
-
-_ALPHABET = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 .,;:!?'-()"
-
-
-class ToyTokenizer:
-    """Text <-> toy token ids, so the toy engine can run the same prompt files as a real model.
-
-    Bytes map onto the non-EOS ids; decoding shows each id as one character (or <id> for large
-    vocabularies) and drops EOS.
-    """
-
-    def __init__(self, vocab_size: int, eos_token_id: int | None) -> None:
-        self.vocab_size = vocab_size
-        self.eos_token_id = eos_token_id
-        self._ids = [t for t in range(vocab_size) if t != eos_token_id]
-
-    def encode(self, text: str) -> list[int]:
-        return [self._ids[b % len(self._ids)] for b in text.encode("utf-8")]
-
-    encode_raw = encode  # the toy has no chat template to leave out
-
-    def apply_chat_template(self, messages: Sequence[Mapping[str, str]]) -> list[int]:
-        return self.encode("".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant: ")
-
-    def decode(self, token_ids: Sequence[int]) -> str:
-        use_alphabet = self.vocab_size <= len(_ALPHABET)
-        return "".join(
-            (_ALPHABET[t] if use_alphabet else f"<{t}>") for t in token_ids if t != self.eos_token_id
-        )
