@@ -143,7 +143,10 @@ class PlanCache(TreeCounts):
             else:
                 changed.append(key)
                 if old is None or not old[1]:
-                    self._forget_source(key)
+                    if info[1]:
+                        self._finish_source(key, info[0])
+                    else:
+                        self._forget_source(key)
             if changed_keys is not None:
                 if info is None:
                     del now[key]
@@ -180,6 +183,56 @@ class PlanCache(TreeCounts):
             level = self._nodes.get(node.event.index)
             if level is not None and level.get(node.facts) is node:
                 del level[node.facts]
+
+    def _finish_source(self, key: RequestKey, tokens: tuple[int, ...]) -> None:
+        """`key`'s proposal ended with `tokens`: the states that named it as their source are now
+        exact, and their nodes move to the exact facts (whose nodes a tree from nothing would
+        make) instead of being dropped and built again. A node whose expansion read nothing the
+        move changes (a keyed step whose cut falls before the proposal's tokens, neither an
+        extension nor a block's end; in no root state, which a move never makes) stays expanded;
+        the others are re-expanded. A node is dropped instead where its state's length was guessed
+        wrong, where the exact facts have a node already (the DAG merges into it: the node above
+        it on its reject chain is re-expanded to find it) or are the root's; and so are the nodes
+        below a pending step's accept edge (that step gets a key, and a new accept child)."""
+        root_facts = self._root_facts
+        exact_of: dict[_Facts, _Facts | None] = {}
+        moved: dict[tuple[int, _Facts], _CachedNode] = {}  # (event index, old facts) -> node moving
+        dropped: list[tuple[int, _Facts]] = []
+        for node in self._sourced.pop(key, ()):
+            facts = node.facts
+            index = node.event.index
+            level = self._nodes.get(index)
+            if level is None or level.get(facts) is not node:
+                continue  # dropped already
+            exact = exact_of.get(facts, facts)
+            if exact is facts:
+                exact = None
+                if facts.source_end is None:
+                    known = TokenRun(facts.known + tokens)
+                    exact = _Facts(known, len(known), True)
+                    if exact.length != facts.length or exact == root_facts:
+                        exact = None
+                exact_of[facts] = exact
+            del level[facts]
+            if exact is None or exact in level:
+                dropped.append((index, facts))
+            else:
+                moved[index, facts] = node
+                level[exact] = node
+                node.facts, node.root_of = exact, None
+        newly_stale = self._newly_stale
+        for node in moved.values():
+            expansion, event = node.expansion, node.event
+            if not node.stale and (
+                expansion is None or expansion.key is None or expansion.is_fork or event.is_extension or event.ends_block
+            ):
+                node.stale = True
+                newly_stale.append(node)
+        for index, facts in dropped:  # the moved node whose reject child it was
+            above = moved.get((index - 1, facts))
+            if above is not None and not above.stale:
+                above.stale = True
+                newly_stale.append(above)
 
     def _node(self, event_index: int, facts: _Facts, schedule: Schedule) -> _CachedNode:
         level = self._nodes.get(event_index)

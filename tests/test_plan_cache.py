@@ -156,6 +156,37 @@ def test_knowledge_that_shrinks_or_comes_back_gives_the_trees_from_nothing(check
     assert forks > 0 and checked_trees[0] >= 12
 
 
+def test_a_finished_proposals_states_keep_their_nodes_and_a_block_end_is_planned_again(checked_trees):
+    """A proposal that ends makes the states below its accept edge exact: their nodes move to the
+    exact facts instead of being built again (PlanCache._finish_source). A step whose cut falls
+    before the proposal's tokens keeps its expansion, except at a block's end: there a state that
+    now ends with EOS has no reject branch (the chain stops), so that node is expanded again.
+    The case: EOS-aware, block 8, two steps a block; the first step's proposal ends with EOS at
+    the length its state was guessed to have, and the block's last step cuts before it."""
+    engine = ToyEngine(vocab_size=16, eos_token_id=0, seed=1)
+    block = tuple(range(1, 9))  # the first block, no EOS
+    for seed in range(40):
+        config = SamplerConfig(block_size=8, num_blocks=2, mh_steps=2, prefetch_budget=8, seed=seed, fixed_length=False,
+                               stop_at_eos=True, schedule="streaming", refit_predictor=False, plan_min_reach=0.0)
+        planner = Planner(Chain([5, 6, 7], config, engine.eos_token_id))
+        extension = planner.tree({}, set()).root.key
+        knowledge = {extension: (block, True)}
+        first_step = planner.tree(knowledge, set()).root.children[0][0]  # the extension's state
+        below = first_step.children[0][0] if first_step.key is not None else None  # the first step's accept child: the block's end
+        if below is None or below.key is None or len(below.key[1]) > len(first_step.key[1]):
+            continue  # the block's last step cuts inside the first step's proposal here
+        cut = len(first_step.key[1])
+        ending = tuple(range(9, 9 + 8 - cut - 1)) + (0,)  # ends with EOS where the state was guessed to end
+        before = checked_trees[0]
+        tree = planner.tree({**knowledge, first_step.key: (ending, True)}, set())
+        assert checked_trees[0] == before + 1
+        moved = tree.root.children[0][0].children[0][0]
+        assert moved is below  # the same node, now the exact state's
+        assert [p for _, p in moved.children] == [1.0] or len(moved.children) == 1  # no reject branch after EOS
+        return
+    raise AssertionError("no seed gave a block's last step that cuts before the first step's proposal")
+
+
 def _reach(root):
     """The probability the walk reaches each node of a tree (floats): a node passes its mass on
     through its branches, a dead one passes nothing."""
