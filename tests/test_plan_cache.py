@@ -187,6 +187,18 @@ def test_a_finished_proposals_states_keep_their_nodes_and_a_block_end_is_planned
     raise AssertionError("no seed gave a block's last step that cuts before the first step's proposal")
 
 
+@pytest.mark.parametrize("seed, vocab_size, logit_scale, early_rejection", [(1, 64, 4.0, True), (5, 8, 6.0, False), (7, 16, 2.0, False)])
+def test_finished_proposals_whose_states_the_plan_holds_already(checked_trees, seed, vocab_size, logit_scale, early_rejection):
+    """Chains where a proposal ends in a state the plan holds a node for already (a peaked model
+    proposes what a state has): the DAG merges into that node, and the node above on the moved
+    reject chain is expanded again to find it; every tree is the tree from nothing."""
+    engine = ToyEngine(vocab_size=vocab_size, eos_token_id=0, seed=seed % 3, logit_scale=logit_scale, eos_bias=-3.0)
+    config = SamplerConfig(block_size=24, num_blocks=2, mh_steps=12, prefetch_budget=16, seed=seed, fixed_length=False,
+                           early_rejection=early_rejection, refit_every=8, plan_min_reach=0.0)
+    run_chain(engine, Chain([5, 6, 7][: 1 + seed % 3], config, engine.eos_token_id))
+    assert checked_trees[0] > 50
+
+
 def _reach(root):
     """The probability the walk reaches each node of a tree (floats): a node passes its mass on
     through its branches, a dead one passes nothing."""

@@ -264,3 +264,54 @@ def test_the_lockstep_figures_in_streaming_md_are_the_measured_ones():
     for field, words in (("engine_s", "{base} s at dc0e1fe against {head} s (three"), ("cpu_s", "{base} against {head} s, moves")):
         base, head = (" / ".join(f"{run[field]:.2f}" for run in stops if run["side"] == side) for side in ("base", "head"))
         assert words.format(base=base, head=head) in doc, field
+
+
+def test_the_ninth_pass_figures_in_the_docs_are_the_measured_ones():
+    """docs/streaming.md's ninth pass and benchmarks.md's latest paragraph and 4-chain bullet:
+    the host-time table, the instruction counts, the plan's counts and the replayed 4-chain
+    speedups against bench/results/host_time_ninth_pass.json (every run the same samples, the
+    fingerprint unchanged)."""
+    doc = " ".join((REPO / "docs" / "streaming.md").read_text().split())
+    bench = " ".join((REPO / "docs" / "benchmarks.md").read_text().split())
+    report = json.loads((REPO / "bench" / "results" / "host_time_ninth_pass.json").read_text())
+    runs = report["host_time"]["runs"]
+    assert [run["side"] for run in runs] == ["head", "base", "base", "head"] * 3
+    _assert_host_table(doc, runs, with_tokens=True)
+    assert report["fingerprint"]["base"] == report["fingerprint"]["head"] == "de19c34957d36bd1"
+    assert f"gives {report['fingerprint']['head']} before and after every commit" in doc
+
+    def cpu(setting: str, side: str) -> str:
+        values = sorted(run["rows"][setting]["cpu_s"] for run in runs if run["side"] == side)
+        return f"{values[0]:.2f}-{values[-1]:.2f}"
+
+    rejection = "streaming + early rejection"
+    per_token = sorted(run["rows"][rejection]["host_ms_per_token"] for run in runs if run["side"] == "head")
+    assert (f"took {cpu(rejection, 'head')} s ({per_token[0]:.3f}-{per_token[-1]:.3f} ms per generated token) against "
+            f"base's {cpu(rejection, 'base')} s") in bench
+    assert f"base's runs with early rejection took {cpu(rejection, 'base')} s here" in doc
+    instructions = report["instructions"]
+    start = instructions["startup"]
+
+    def run_instructions(setting: str, side: str) -> float:
+        return (instructions["total"][setting][side] - start[side]) / 1e9
+
+    for setting, words in ((rejection, "streaming with early rejection {b:.2f} -> {h:.2f} billion ({c:+.1f}%)"),
+                           ("streaming", "streaming {b:.2f} -> {h:.2f} billion ({c:+.1f}%)"),
+                           ("serial", "serial {b:.2f} -> {h:.2f} billion ({c:+.1f}%)")):  # fmt: skip
+        b, h = run_instructions(setting, "base"), run_instructions(setting, "head")
+        assert words.format(b=b, h=h, c=100 * (h / b - 1)) in doc, setting
+    assert f"{100 * (1 - run_instructions(rejection, 'head') / run_instructions(rejection, 'base')):.1f}% fewer instructions" in bench
+    nodes = report["plan_counts"]
+    for setting, words in ((rejection, "{b:,} -> {h:,} with early rejection"), ("streaming", "({b:,} -> {h:,} without)")):
+        exact = nodes[setting]
+        assert words.format(b=exact["base"]["created, exact state"], h=exact["head"]["created, exact state"]) in doc, setting
+    walks = nodes[rejection]
+    key = "_propagate calls (fork-point and reach walks)"
+    assert f"fell from {walks['base'][key]:,} to {walks['head'][key]:,}" in doc
+    replay = report["speculation_batch_replay"]["rows"]
+    defaults = {batch: rows[rejection] for batch, rows in replay.items()}
+    assert f"from {defaults['30']['speedup_vs_serial']:.2f}x (30, the CPU default) to {defaults['16']['speedup_vs_serial']:.2f}x (16: " \
+           f"{defaults['16']['tokens']:,} tokens, {defaults['16']['steps']} steps) and {defaults['8']['speedup_vs_serial']:.2f}x (8: " \
+           f"{defaults['8']['tokens']:,} tokens, {defaults['8']['steps']} steps)" in bench
+    rounds = {batch: rows["rounds + early rejection"]["speedup_vs_serial"] for batch, rows in replay.items()}
+    assert f"({rounds['30']:.2f}x -> {rounds['8']:.2f}x with early rejection)" in bench
