@@ -103,7 +103,7 @@ class ChainStream(ProposalBook):
         self._touched: dict[RequestKey, None] = {}
         # the last selection's walks, with the tree they walked: while that tree is the plan
         # (nothing started since), the fork-point pass reads them
-        self._issued_walk: tuple[PlanTree, SearchWalks] | None = None
+        self._last_search: tuple[PlanTree, SearchWalks] | None = None
 
     @property
     def running_requests(self) -> int:
@@ -179,7 +179,7 @@ class ChainStream(ProposalBook):
         walk = SearchWalks(tree.root, issued)
         keys = self.planner.select(tree, budget - len(self._running), issued, self._min_gain(), walk)
         if not keys:
-            self._issued_walk = (tree, walk)
+            self._last_search = (tree, walk)
             return []
         reach = reach_probabilities(tree.root, issued | set(keys), walk)
         starts = []
@@ -206,9 +206,9 @@ class ChainStream(ProposalBook):
         fork_points = tree.fork_points
         config = self.chain.config
         min_reach = config.fork_wake_share * self._min_gain() if config.traversal == "predictive" else 0.0
-        last_walk, self._issued_walk = self._issued_walk, None
+        last_search, self._last_search = self._last_search, None
         if fork_points and min_reach > 0.0:
-            walk = last_walk[1] if last_walk is not None and last_walk[0] is tree else None
+            walk = last_search[1] if last_search is not None and last_search[0] is tree else None
             issued = self._issued()
             fork_points = cast(dict[RequestKey, int], fork_points_worth_waking(tree.root, issued, min_reach, walk))
         wakes = []

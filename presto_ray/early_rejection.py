@@ -46,6 +46,12 @@ def clamped_log_weight(alpha: float, logp0: float, logq: float) -> float:
     return 0.0 if g > 0.0 else g
 
 
+def clamped_running_sums(alpha: float, logp0: np.ndarray, logq: np.ndarray) -> np.ndarray:
+    """S_0 = 0.0, S_1, ..., S_m: the clamped weights added in token order from 0.0, the very floats
+    `RunningBound.push` reaches (np.cumsum adds left to right)."""
+    return np.cumsum(np.concatenate(([0.0], clamped_log_weights(alpha, logp0, logq))))
+
+
 def clamped_sum(alpha: float, logp0: np.ndarray, logq: np.ndarray) -> float:
     """sum of min(g, 0) in token order (np.cumsum adds left to right; np.sum is pairwise, whose
     partial sums a streaming check could not reproduce)."""
@@ -165,9 +171,7 @@ class RejectionBound:
         float after m pushes. The uniform cut's in array operations (the clamped weights summed in
         token order from 0.0, as `first_rejection` sums them); EntropyCut's token by token."""
         if self.entropy_beta is None:
-            weights = clamped_log_weights(self.alpha, logp0, logq)
-            weight = float(np.cumsum(np.concatenate(([0.0], weights)))[-1])
-            return self.log_ratio_bound(weight, len(weights))
+            return self.log_ratio_bound(float(clamped_running_sums(self.alpha, logp0, logq)[-1]), len(logp0))
         running = self.start()
         for i in range(len(logp0)):
             running.push(logp0[i], logq[i], None if entropy is None else entropy[i])
@@ -186,7 +190,7 @@ class RejectionBound:
         count = len(logp0)
         if count == 0:
             return None
-        sums = np.cumsum(np.concatenate(([0.0], clamped_log_weights(self.alpha, logp0, logq))))[1:]
+        sums = clamped_running_sums(self.alpha, logp0, logq)[1:]
         if math.isinf(self.current_weight):  # -inf - -inf: nan, which rejects below as weight_difference's -inf does
             with np.errstate(invalid="ignore"):
                 difference = sums - self.current_weight

@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Callable, Iterable
 
 from presto_ray.schedule import Event, Schedule
-from presto_ray.plan_counts import _AS_EXPANDED, _UNDRESSED, MASS_SCALE, _CachedNode, TreeCounts, _dress_dead, _share
+from presto_ray.plan_counts import _UNDRESSED, MASS_SCALE, _CachedNode, TreeCounts
 from presto_ray.plan_tree import TokenRun, _Facts, PlanTree, PlanRules, RequestKey, ProposalKnowledge, StoppedEarly, MAX_PLAN_DEPTH
 
 
@@ -333,93 +333,6 @@ class PlanCache(TreeCounts):
             self._root_state_nodes.keys(),
             1.0 if nodes > self._free_nodes else 0.0,
         )
-
-    # --- the whole tree, level by level ----------------------------------------------------
-    def _walk_all(self, root: _CachedNode, rules: PlanRules, last_event: int, max_keyed_depth: int, max_depth: int) -> None:
-        self._walk += 1
-        walk = self._walk
-        root_facts = root.facts
-        self._root_facts = root_facts
-        root_known = root_facts.known
-        min_mass = self._min_mass
-        key_nodes: dict[RequestKey, int] = {}
-        fork_nodes: dict[RequestKey, int] = {}
-        root_state_nodes: dict[RequestKey, int] = {}
-        fork_needs: dict[RequestKey, dict[int, int]] = {}
-        level_keyed = [0] * (max_depth + 2)
-        members: list[dict[_CachedNode, None]] = [{} for _ in range(max_depth + 2)]
-        requests_per_step = rules.requests_per_step
-        root.walk, root.parents, root.mass = walk, 1, MASS_SCALE
-        level: list[_CachedNode] = [root]
-        keyed_depths = 0
-        free_nodes = 0
-        depth = 0
-        while depth < max_depth and level and keyed_depths < max_keyed_depth:
-            following: list[_CachedNode] = []
-            keyed = 0
-            members[depth] = dict.fromkeys(level)
-            for node in level:
-                node.depth, node.in_level, node.counted, node.contributes = depth, True, None, None
-                mass = node.mass
-                if mass < min_mass:  # too improbable to plan below
-                    _dress_dead(node)
-                    continue
-                facts = node.facts
-                if node.root_of is not root_facts:  # compared once per root
-                    node.root_of = root_facts
-                    node.at_root = facts is root_facts or (facts.whole_known and facts.known == root_known)
-                at_root = node.at_root
-                if node.stale or node.read_root is not at_root:
-                    self._expand(node, rules, last_event, at_root)
-                expansion = node.expansion
-                if expansion is None:
-                    _dress_dead(node)
-                    continue
-                node.counted = expansion
-                key = expansion.key
-                if node.look != _AS_EXPANDED:
-                    node.key, node.free, node.pending, node.waits_for = key, expansion.free, expansion.pending, expansion.fork
-                    node.value = 0.0 if expansion.free else 1.0
-                    node.cost = requests_per_step if key is not None and not node.event.is_extension else 1
-                    node.children = node.branch_nodes  # type: ignore[assignment]
-                    node.look = _AS_EXPANDED
-                if expansion.free:
-                    free_nodes += 1
-                if expansion.pending:
-                    source, needed = expansion.fork  # type: ignore[misc]
-                    needs = fork_needs.get(source)
-                    if needs is None:
-                        needs = fork_needs[source] = {}
-                    needs[needed] = needs.get(needed, 0) + 1
-                if key is not None:
-                    if expansion.is_fork:
-                        fork_nodes[key] = fork_nodes.get(key, 0) + 1
-                    key_nodes[key] = key_nodes.get(key, 0) + 1
-                    if at_root:
-                        root_state_nodes[key] = root_state_nodes.get(key, 0) + 1
-                    keyed += 1
-                branches = node.branch_nodes
-                for child, p in branches:
-                    if child.walk != walk:
-                        child.walk, child.parents, child.mass = walk, 1, _share(mass, p)
-                        following.append(child)
-                    else:
-                        child.parents += 1
-                        child.mass += _share(mass, p)
-                node.contributes = (mass, branches)
-            level_keyed[depth] = keyed
-            keyed_depths += keyed > 0
-            level = following
-            depth += 1
-        self._last_depth = depth - 1
-        members[depth] = dict.fromkeys(level)
-        for node in level:  # past the keyed-depth limit: dead in this tree
-            node.depth, node.in_level, node.counted, node.contributes = depth, True, None, None
-            _dress_dead(node)
-        self._level_keyed, self._members = level_keyed, members
-        self._key_nodes, self._fork_nodes, self._root_state_nodes, self._fork_needs = key_nodes, fork_nodes, root_state_nodes, fork_needs
-        self._fork_points = None
-        self._free_nodes = free_nodes
 
 
 def build_plan_tree(

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field
 from itertools import combinations
-from typing import Hashable, Iterable
+from typing import Hashable, Iterable, Iterator
 
 # The exact search enumerates subsets of the distinct keys alive at one depth; the planner makes
 # one or two per depth, so this cap only guards against pathological inputs.
@@ -86,17 +86,24 @@ def reach_probabilities(root: PlanNode, keys: Iterable[Hashable], walk: "SearchW
     walks of a search whose chosen keys, with the issued ones, are `keys`: the depths it walked
     through them are read instead of walked again (ignored when its root or keys differ)."""
     chosen = set(keys)
-    depths = walk.chosen_depths if walk is not None and walk.root is root and walk.chosen == chosen else [{root: 1.0}]
+    recorded = walk.chosen_depths if walk is not None and walk.root is root and walk.chosen == chosen else []
     reach: dict[Hashable, float] = defaultdict(float)
-    alive = depths[0]
-    depth = 0
-    while alive:
+    for alive in _depths(root, chosen, recorded):
         for node, mass in alive.items():
             if node.key in chosen:
                 reach[node.key] += mass
-        depth += 1
-        alive = depths[depth] if depth < len(depths) else _propagate(alive, chosen)[1]
     return {key: min(1.0, reach[key]) for key in chosen}
+
+
+def _depths(root: PlanNode, chosen: set, recorded: list[dict[PlanNode, float]]) -> Iterator[dict[PlanNode, float]]:
+    """The walk through `chosen` keys, depth by depth, until no mass is left: the `recorded`
+    depths of a search first (when it recorded this walk), then `_propagate` on from the last."""
+    alive = recorded[0] if recorded else {root: 1.0}
+    depth = 0
+    while alive:
+        yield alive
+        depth += 1
+        alive = recorded[depth] if depth < len(recorded) else _propagate(alive, chosen)[1]
 
 
 class SearchWalks:
@@ -132,11 +139,9 @@ def fork_points_worth_waking(
     `walk`: a search's walks, whose issued depths are read (ignored when its root or issued set
     differ)."""
     chosen = set(issued)
-    depths = walk.issued_depths if walk is not None and walk.root is root and walk.issued == chosen else [{root: 1.0}]
+    recorded = walk.issued_depths if walk is not None and walk.root is root and walk.issued == chosen else []
     worth: dict[Hashable, int] = {}
-    alive = depths[0]
-    depth = 0
-    while alive:
+    for alive in _depths(root, chosen, recorded):
         waiting: dict[tuple[Hashable, int], float] = {}
         for node, mass in alive.items():
             if node.pending and node.waits_for is not None:
@@ -144,8 +149,6 @@ def fork_points_worth_waking(
         for (source, needed), mass in waiting.items():
             if mass >= min_reach and needed < worth.get(source, needed + 1):
                 worth[source] = needed
-        depth += 1
-        alive = depths[depth] if depth < len(depths) else _propagate(alive, chosen)[1]
     return worth
 
 
